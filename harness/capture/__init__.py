@@ -1,0 +1,1 @@
+"""Recording, transcripts, pcaps and their dissection."""

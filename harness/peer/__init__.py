@@ -1,0 +1,1 @@
+"""Reference ggml-rpc client and server built on harness.proto."""

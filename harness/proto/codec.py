@@ -1,0 +1,199 @@
+"""Pack and unpack messages of any dialect, driven only by the message table."""
+
+from __future__ import annotations
+
+import struct
+
+from .constants import Cmd
+from .dialects import Dialect
+from .errors import LocalProtocolError, RemoteProtocolError
+from .messages import (EmptyResponse, GraphComputeRequest, GraphLayout, Layout, Message,
+                       spec_for)
+from .tensor import RpcTensor, TENSOR_SIZE
+
+_U64 = struct.Struct("<Q")
+_REQ_HEAD = struct.Struct("<BQ")
+_U32 = struct.Struct("<I")
+U64_MAX = (1 << 64) - 1
+
+REQUEST_HEADER_SIZE = 9  # cmd u8 + len u64
+RESPONSE_HEADER_SIZE = 8  # len u64
+
+
+# ---------------------------------------------------------------- layouts
+
+def _flatten(layout: Layout, msg) -> list:
+    items: list = []
+    for name, wt in layout.fields:
+        items.extend(wt.to_wire(getattr(msg, name)))
+    return items
+
+
+def pack_fixed(layout: Layout, msg) -> bytes:
+    """The fixed part of a payload (the whole payload when the layout has no tail)."""
+    try:
+        return layout.struct.pack(*_flatten(layout, msg))
+    except struct.error as e:
+        raise LocalProtocolError(f"cannot pack {type(msg).__name__}: {e}") from None
+
+
+def unpack_fixed(layout: Layout, payload, offset: int = 0) -> dict:
+    values = layout.struct.unpack_from(payload, offset)
+    out, i = {}, 0
+    for name, wt in layout.fields:
+        out[name] = wt.from_wire(values[i:i + wt.width])
+        i += wt.width
+    return out
+
+
+def _pack_graph(layout: GraphLayout, msg: GraphComputeRequest) -> bytes:
+    head = (layout.head.pack(msg.device, msg.uid, len(msg.nodes)) if layout.with_uid
+            else layout.head.pack(msg.device, len(msg.nodes)))
+    if not layout.with_uid and msg.uid:
+        raise LocalProtocolError("this dialect's GRAPH_COMPUTE has no uid field")
+    return b"".join((head, struct.pack(f"<{len(msg.nodes)}Q", *msg.nodes),
+                     _U32.pack(len(msg.tensors)), *(t.pack() for t in msg.tensors),
+                     msg.trailing))
+
+
+def _unpack_graph(layout: GraphLayout, payload, cmd_name) -> GraphComputeRequest:
+    """Mirror of rpc_server::graph_compute's length checks (spec 6.2 step 1)."""
+    n = len(payload)
+    if n < layout.head.size:
+        raise RemoteProtocolError(f"graph payload of {n} bytes is shorter than its header",
+                                  command=cmd_name, field="len", offset=1)
+    if layout.with_uid:
+        device, uid, n_nodes = layout.head.unpack_from(payload, 0)
+    else:
+        (device, n_nodes), uid = layout.head.unpack_from(payload, 0), 0
+    off = layout.head.size
+    if n < off + 8 * n_nodes + 4:
+        raise RemoteProtocolError(f"graph declares {n_nodes} nodes but the payload has {n} bytes",
+                                  command=cmd_name, field="n_nodes", offset=off - 4)
+    nodes = struct.unpack_from(f"<{n_nodes}Q", payload, off)
+    off += 8 * n_nodes
+    (n_tensors,) = _U32.unpack_from(payload, off)
+    off += 4
+    if n < off + TENSOR_SIZE * n_tensors:
+        raise RemoteProtocolError(f"graph declares {n_tensors} tensors but the payload has {n} bytes",
+                                  command=cmd_name, field="n_tensors", offset=off - 4)
+    tensors = tuple(RpcTensor.unpack_from(payload, off + i * TENSOR_SIZE) for i in range(n_tensors))
+    off += TENSOR_SIZE * n_tensors
+    return GraphComputeRequest(device=device, uid=uid, nodes=nodes, tensors=tensors,
+                               trailing=bytes(payload[off:]))
+
+
+def graph_payload_size(with_uid: bool, n_nodes: int, n_tensors: int) -> int:
+    return (16 if with_uid else 8) + 8 * n_nodes + 4 + TENSOR_SIZE * n_tensors
+
+
+# ---------------------------------------------------------------- requests
+
+def _check_fields(layout: Layout, msg) -> None:
+    """Fields that exist in the message class but not on this dialect's wire must be default."""
+    on_wire = {name for name, _ in layout.fields}
+    if layout.tail:
+        on_wire.add(layout.tail)
+    for name in getattr(type(msg), "__dataclass_fields__", {}):
+        if name not in on_wire and getattr(msg, name) != type(msg).__dataclass_fields__[name].default:
+            raise LocalProtocolError(f"{type(msg).__name__}.{name} does not exist in this dialect")
+
+
+def pack_request_payload(dialect: Dialect, msg: Message) -> bytes:
+    spec = spec_for(dialect, msg.cmd)
+    if isinstance(spec.request, GraphLayout):
+        return _pack_graph(spec.request, msg)
+    if not isinstance(msg, spec.request.cls):
+        raise LocalProtocolError(f"{type(msg).__name__} is not a {spec.request.cls.__name__}")
+    _check_fields(spec.request, msg)
+    fixed = pack_fixed(spec.request, msg)
+    if spec.request.tail:
+        return fixed + bytes(getattr(msg, spec.request.tail))
+    return fixed
+
+
+def request_header(dialect: Dialect, cmd: Cmd, payload_len: int) -> bytes:
+    """The 9-byte frame header; lets callers send a payload without copying it."""
+    return _REQ_HEAD.pack(dialect.id_of(cmd), payload_len)
+
+
+def pack_request(dialect: Dialect, msg: Message) -> bytes:
+    """The whole request frame: cmd byte, u64 length, payload."""
+    payload = pack_request_payload(dialect, msg)
+    return request_header(dialect, msg.cmd, len(payload)) + payload
+
+
+def unpack_request_payload(dialect: Dialect, cmd: Cmd, payload) -> Message:
+    """Decode a complete request payload; the length rules are those of the real server."""
+    spec = spec_for(dialect, cmd)
+    layout = spec.request
+    if isinstance(layout, GraphLayout):
+        return _unpack_graph(layout, payload, cmd.value)
+    n = len(payload)
+    if layout.tail is None and n != layout.fixed_size:
+        raise RemoteProtocolError(f"{cmd} payload must be {layout.fixed_size} bytes, got {n}",
+                                  command=cmd.value, field="len", offset=1)
+    if n < layout.fixed_size:
+        raise RemoteProtocolError(f"{cmd} payload must be at least {layout.fixed_size} bytes, got {n}",
+                                  command=cmd.value, field="len", offset=1)
+    values = unpack_fixed(layout, payload)
+    if layout.tail:
+        values[layout.tail] = bytes(payload[layout.fixed_size:])
+    return layout.cls(**values)
+
+
+def unpack_request_header(dialect: Dialect, cmd: Cmd, header) -> Message:
+    """Decode only the fixed header of a streamed request (``data`` left empty)."""
+    layout = spec_for(dialect, cmd).request
+    return layout.cls(**unpack_fixed(layout, header))
+
+
+# ---------------------------------------------------------------- responses
+
+def response_payload_size(dialect: Dialect, request: Message) -> int | None:
+    """Exact size the response to ``request`` must have; None if it has no response."""
+    spec = spec_for(dialect, request.cmd)
+    if spec.response is None:
+        return None
+    if spec.response_size is not None:
+        return spec.response_size(request)
+    return spec.response.fixed_size
+
+
+def has_response(dialect: Dialect, cmd: Cmd) -> bool:
+    return spec_for(dialect, cmd).response is not None
+
+
+def pack_response_payload(dialect: Dialect, msg: Message) -> bytes:
+    spec = spec_for(dialect, msg.cmd)
+    if spec.response is None:
+        raise LocalProtocolError(f"{msg.cmd} has no response in dialect {dialect.name}")
+    layout = spec.response
+    if isinstance(msg, EmptyResponse):
+        return b""
+    _check_fields(layout, msg)
+    fixed = pack_fixed(layout, msg)
+    return fixed + bytes(msg.data) if layout.tail else fixed
+
+
+def pack_response(dialect: Dialect, msg: Message) -> bytes:
+    payload = pack_response_payload(dialect, msg)
+    return _U64.pack(len(payload)) + payload
+
+
+def unpack_response_payload(dialect: Dialect, cmd: Cmd, payload) -> Message:
+    spec = spec_for(dialect, cmd)
+    layout = spec.response
+    if layout is None:
+        raise LocalProtocolError(f"{cmd} has no response in dialect {dialect.name}")
+    if layout.cls is EmptyResponse:
+        if len(payload):
+            raise RemoteProtocolError(f"{cmd} acknowledgement must be empty, got {len(payload)} bytes",
+                                      command=cmd.value, field="len", offset=0)
+        return EmptyResponse(cmd)
+    if layout.tail:
+        return layout.cls(**{layout.tail: bytes(payload)})
+    if len(payload) != layout.fixed_size:
+        raise RemoteProtocolError(f"{cmd} response must be {layout.fixed_size} bytes, got {len(payload)}",
+                                  command=cmd.value, field="len", offset=0)
+    return layout.cls(**unpack_fixed(layout, payload))

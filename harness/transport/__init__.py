@@ -1,0 +1,1 @@
+"""Byte transports: TCP with deadlines, fault-injecting delivery, emulated RDMA, pyverbs."""
