@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections import deque
 
 from .codec import (has_response, pack_fixed, pack_request, pack_response, request_header)
@@ -12,6 +13,8 @@ from .events import Request, RequestHead, Response
 from .framing import (DEFAULT_DATA_CHUNK, DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_STREAM,
                       RequestReader, ResponseReader)
 from .messages import HelloResponse, Message, spec_for
+
+_U64 = struct.Struct("<Q")
 
 
 class ClientConnection:
@@ -96,6 +99,18 @@ class ServerConnection:
             raise LocalProtocolError(f"{msg.cmd} response while {self._owed[0]} is owed")
         self._owed.popleft()
         return pack_response(self.dialect, msg)
+
+    def send_parts(self, msg: Message) -> list:
+        """Like ``send`` but a data tail is returned as its own buffer, not copied."""
+        layout = spec_for(self.dialect, msg.cmd).response if self._owed else None
+        data = getattr(msg, "data", None)
+        if layout is None or not getattr(layout, "tail", None) or data is None or len(data) < 4096:
+            return [self.send(msg)]
+        if self._owed[0] is not msg.cmd:
+            raise LocalProtocolError(f"{msg.cmd} response while {self._owed[0]} is owed")
+        self._owed.popleft()
+        n = data.nbytes if isinstance(data, memoryview) else len(data)
+        return [_U64.pack(n), data]
 
     @property
     def owed(self) -> int:

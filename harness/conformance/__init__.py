@@ -1,0 +1,1 @@
+"""Server conformance: the real server's recorded reactions to malformed input, as runnable cases."""

@@ -1,0 +1,286 @@
+"""ClientDriver for the reference client: ggml-style steps turned into RefClient calls.
+
+Tensors are described the way ggml builds them (ggml_new_tensor, ggml_add, ggml_cpy, ...) and
+graphs are serialised the way ggml-rpc's serialize_graph walks them, so for the same steps the
+reference client puts the same records on the wire as the C client (pointer values aside).
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass, replace
+
+from ..peer.client import RefClient, ServerClosed, VersionRejected
+from ..peer.knobs import Misbehaviour
+from ..proto import ggml
+from ..proto.errors import ProtocolError
+from ..proto.tensor import RpcTensor, nbytes
+from .driver import (NODE_KINDS, USAGES, ClientAborted, ClientDriver, ExitInfo, StepFailed,
+                     StepResult, digest, make_fill)
+
+TYPE_IDS = {t.name: i for i, t in enumerate(ggml.TYPES) if t.blck_size}
+ID_BASE = 0x7E00_0000_0000  # synthetic client-side tensor addresses (the C client uses pointers)
+ABORT_TEXT = "Remote RPC server crashed or returned malformed response"
+
+
+@dataclass
+class _Buffer:
+    ptr: int
+    size: int
+    base: int
+    usage: str
+
+
+def _f32_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+class RefClientDriver(ClientDriver):
+    name = "ref"
+
+    def __init__(self, dialect: str, *, knobs: Misbehaviour | None = None, timeout: float = 60.0):
+        self.dialect = dialect
+        self.knobs = knobs
+        self.timeout = timeout
+        self.client: RefClient | None = None
+        self.buffers: dict[str, _Buffer] = {}
+        self.tensors: dict[str, RpcTensor] = {}
+        self.usage_of: dict[str, str] = {}  # tensor name -> usage of its buffer
+        self._next_id = ID_BASE
+        self._graph_uid = 0
+        self._i = 0
+        self._log: list[str] = []
+        self.exit_info: ExitInfo | None = None
+
+    # ------------------------------------------------------------ driver protocol
+    def run(self, step: dict) -> StepResult:
+        op = step.get("op", "")
+        res = StepResult(self._i, op, True, t0=time.monotonic())
+        self._i += 1
+        fn = getattr(self, "_op_" + op, None)
+        try:
+            if fn is None:
+                raise ValueError(f"unknown step {op!r}")
+            res.result = fn(**{k: v for k, v in step.items() if k != "op"}) or {}
+        except VersionRejected as e:
+            self._die(str(e))
+            raise ClientAborted(self.exit_info, step) from None
+        except (ServerClosed, ProtocolError, OSError) as e:
+            self._log.append(f"{op}: {e}")
+            self._die(ABORT_TEXT)
+            raise ClientAborted(self.exit_info, step) from None
+        except (ValueError, KeyError, TypeError) as e:
+            res.ok, res.error = False, f"{type(e).__name__}: {e}"
+        res.t1 = time.monotonic()
+        if not res.ok:
+            raise StepFailed(res)
+        return res
+
+    def _die(self, message: str) -> None:
+        # The C client aborts the process here; the in-process reference ends its session.
+        self._log.append(message)
+        self.exit_info = ExitInfo(returncode=None, aborted=True, message=message,
+                                  log_tail=self._log[-20:])
+        if self.client is not None:
+            self.client.close()
+
+    def close(self) -> ExitInfo | None:
+        if self.client is not None:
+            self.client.close()
+        return self.exit_info or ExitInfo(returncode=0)
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        return self._log[-n:]
+
+    # ------------------------------------------------------------ steps
+    def _op_connect(self, endpoint: str, device: int = 0):
+        host, _, port = endpoint.partition(":")
+        self.client = RefClient.connect(host, int(port), self.dialect, timeout=self.timeout,
+                                        knobs=self.knobs)
+        h = self.client.server_hello
+        return {"server_version": "%d.%d.%d" % h.version if h else None,
+                "server_flags": h.flags if h else None}
+
+    def _op_device_count(self):
+        return {"count": self.client.device_count()}
+
+    def _op_buffer_type(self, device: int = 0):
+        return {"alignment": self.client.get_alignment(device),
+                "max_size": self.client.get_max_size(device)}
+
+    def _op_device_memory(self, device: int = 0):
+        free, total = self.client.get_device_memory(device)
+        return {"free": free, "total": total}
+
+    def _op_alloc_buffer(self, name: str, size: int, usage: str = "any", device: int = 0):
+        if usage not in USAGES:
+            raise ValueError(f"unknown usage {usage!r}")
+        ptr, rsize = self.client.alloc_buffer(size, device)
+        if ptr == 0:
+            raise ValueError(f"server could not allocate {size} bytes")
+        base = self.client.buffer_get_base(ptr)
+        self.buffers[name] = _Buffer(ptr, rsize, base, usage)
+        return {"base": base, "size": rsize}
+
+    def _new_id(self) -> int:
+        self._next_id += 0x200
+        return self._next_id
+
+    def _place(self, name: str, rec: RpcTensor, buffer: str) -> dict:
+        self.tensors[name] = rec
+        self.usage_of[name] = self.buffers[buffer].usage if buffer in self.buffers else "any"
+        if ggml.TYPES[rec.type].blck_size > 1 and rec.ne[0] % 512 and not rec.view_src:
+            self.client.init_tensor(rec)  # what the C client does for padded quantised rows
+        return {"nbytes": nbytes(rec), "data": rec.data}
+
+    def _op_tensor(self, name: str, buffer: str, offset: int = 0, type: str = "f32", ne=(1,)):
+        b = self.buffers[buffer]
+        rec = RpcTensor.make(id=self._new_id(), type=TYPE_IDS[type], ne=tuple(ne), buffer=b.ptr,
+                             data=b.base + offset, name=name)
+        return self._place(name, rec, buffer)
+
+    def _buffer_of(self, rec: RpcTensor) -> str:
+        return next(n for n, b in self.buffers.items() if b.ptr == rec.buffer)
+
+    def _op_view(self, name: str, src: str, ne, offset: int = 0):
+        s = self.tensors[src]
+        ne = tuple(ne) + (1,) * (4 - len(ne))
+        # ggml_view_Nd keeps the source's row strides; nb[0] is the element size
+        nb = (s.nb[0], s.nb[1], s.nb[2], s.nb[3]) if len(ne) > 1 else None
+        rec = RpcTensor.make(id=self._new_id(), type=s.type, ne=ne, nb=nb, buffer=s.buffer,
+                             data=s.data + offset, name=name, op=ggml.OP["VIEW"],
+                             op_params=(offset & 0xFFFFFFFF, offset >> 32), src=(s.id,),
+                             view_src=s.id, view_offs=offset)
+        return self._place(name, rec, self._buffer_of(s))
+
+    def _op_set(self, tensor: str, offset: int = 0, size: int | None = None, fill=None):
+        rec = self.tensors[tensor]
+        size = nbytes(rec) - offset if size is None else size
+        data = make_fill(fill or {}, size)
+        weights = self.usage_of.get(tensor) == "weights"
+        how = self.client.set_tensor(rec, data, offset, weights=weights)
+        return {"fnv": digest(data)["fnv"], "how": how}
+
+    def _op_get(self, tensor: str, offset: int = 0, size: int | None = None):
+        rec = self.tensors[tensor]
+        size = nbytes(rec) - offset if size is None else size
+        return digest(self.client.get_tensor(rec, offset, size))
+
+    def _op_node(self, name: str, kind: str, inputs=(), buffer: str | None = None,
+                 offset: int = 0, params=None):
+        if kind not in NODE_KINDS:
+            raise ValueError(f"unknown node kind {kind!r}")
+        params = params or {}
+        ins = [self.tensors[i] for i in inputs]
+        a = ins[0]
+        b = ins[1] if len(ins) > 1 else None
+        op_params: tuple = ()
+        view_src = 0
+        if kind in ("add", "mul"):
+            typ, ne = a.type, a.ne
+        elif kind == "scale":
+            typ, ne = a.type, a.ne
+            op_params = (_f32_bits(params.get("s", 1.0)), _f32_bits(params.get("b", 0.0)))
+        elif kind == "cpy":
+            typ, ne = b.type, b.ne
+            view_src = b.id
+        elif kind == "mul_mat":
+            typ, ne = ggml.TYPE_F32, (a.ne[1], b.ne[1], b.ne[2], b.ne[3])
+        else:  # get_rows
+            typ, ne = ggml.TYPE_F32, (a.ne[0], b.ne[0], b.ne[1], b.ne[2])
+        op = ggml.OP[kind.upper()]
+        if view_src:
+            buf_name, rec = self._buffer_of(b), RpcTensor.make(
+                id=self._new_id(), type=typ, ne=ne, nb=b.nb, buffer=b.buffer, data=b.data,
+                name=name, op=op, src=tuple(t.id for t in ins), view_src=view_src)
+        else:
+            buf = self.buffers[buffer]
+            buf_name, rec = buffer, RpcTensor.make(
+                id=self._new_id(), type=typ, ne=ne, buffer=buf.ptr, data=buf.base + offset,
+                name=name, op=op, op_params=op_params, src=tuple(t.id for t in ins))
+        return self._place(name, rec, buf_name)
+
+    def _op_compute(self, outputs=()):
+        nodes, tensors = serialize_graph([self.tensors[o] for o in outputs],
+                                         {t.id: t for t in self.tensors.values()})
+        self._graph_uid += 1
+        self.client.graph_compute([n.id for n in nodes], tensors, uid=self._graph_uid)
+        return {"status": 0}
+
+    def _op_copy(self, src: str, dst: str):
+        return {"ok": self.client.copy_tensor(self.tensors[src], self.tensors[dst])}
+
+    def _op_memset(self, tensor: str, offset: int = 0, size: int | None = None, value: int = 0):
+        rec = self.tensors[tensor]
+        size = nbytes(rec) - offset if size is None else size
+        self.client.memset_tensor(rec, offset, size, value)
+        return {}
+
+    def _op_clear(self, buffer: str, value: int = 0):
+        self.client.buffer_clear(self.buffers[buffer].ptr, value)
+        return {}
+
+    def _op_free_buffer(self, buffer: str):
+        self.client.free_buffer(self.buffers.pop(buffer).ptr)
+        return {}
+
+    def _op_close(self):
+        if self.client is not None:
+            self.client.close()
+        return {}
+
+
+def serialize_graph(outputs: list[RpcTensor], by_id: dict[int, RpcTensor]):
+    """ggml_build_forward_expand + ggml-rpc serialize_graph, on records.
+
+    Nodes are the non-leaf tensors in post-order of a depth-first walk over src[0..9]; every
+    node gets the COMPUTE flag; ``use_count`` counts uses as a source. The tensor list is the
+    walk serialize_graph makes per node: sources, then view_src, then the tensor itself.
+    """
+    order: list[int] = []
+    seen: set[int] = set()
+    use: dict[int, int] = {}
+
+    def visit(tid: int) -> None:
+        stack = [(tid, 0)]
+        while stack:
+            cur, i = stack.pop()
+            rec = by_id[cur]
+            if i == 0:
+                if cur in seen:
+                    continue
+                seen.add(cur)
+                use.setdefault(cur, 0)
+            srcs = [s for s in rec.src if s]
+            if i < len(srcs):
+                stack.append((cur, i + 1))
+                use[srcs[i]] = use.get(srcs[i], 0) + 1
+                if srcs[i] not in seen:
+                    stack.append((srcs[i], 0))
+                continue
+            order.append(cur)
+
+    for out in outputs:
+        visit(out.id)
+    node_ids = [t for t in order if by_id[t].op != 0]
+    records = {t: replace(by_id[t], flags=by_id[t].flags | (ggml.FLAG_COMPUTE
+                                                              if by_id[t].op != 0 else 0))
+               for t in order}
+
+    tensors: list[RpcTensor] = []
+    added: set[int] = set()
+
+    def add(tid: int) -> None:
+        if not tid or tid in added:
+            return
+        added.add(tid)
+        rec = records.get(tid) or by_id[tid]
+        for s in rec.src:
+            add(s)
+        add(rec.view_src)
+        tensors.append(replace(rec, use_count=use.get(tid, 0)))
+
+    for nid in node_ids:
+        add(nid)
+    return [records[n] for n in node_ids], tensors

@@ -1,0 +1,64 @@
+"""Misbehaviour knobs, one dataclass for both roles (BoringSSL BoGo's ProtocolBugs style).
+
+The default value of every field is "behave". Scenarios and the fuzzer switch single knobs on
+to make the reference peer lie, skip, truncate or corrupt exactly one thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class Misbehaviour:
+    # --- server side (what a client under test faces)
+    hello_version: tuple[int, int, int] | None = None  # announce this version instead of ours
+    hello_flags: int | None = None  # HELLO response byte 3 (e.g. unknown bits 0x80, 0xFF)
+    hello_caps: bytes | None = None  # 24 conn_caps bytes in the HELLO response
+    hello_response_size: int | None = None  # announce this HELLO payload length (malformed)
+    claim_cache_hit: bool = False  # answer SET_TENSOR_HASH with 1 without having the data
+    stall_on: str | None = None  # command name: never answer it (hang the client)
+    close_on: str | None = None  # command name: close the connection instead of answering
+    garble_response_len: str | None = None  # command name: answer it with length + 1
+
+    # --- client side (what a server under test faces)
+    skip_hello: bool = False
+    hello_twice: bool = False
+    client_caps: bytes | None = None  # 24 conn_caps bytes in the HELLO request
+    cache_flag: int | None = None  # force this cache_flag byte on every SET_TENSOR (e.g. 0xFF)
+    hash_policy: str | None = None  # override: "always" | "never" | "if-flag" | "all-sizes"
+    truncate_set_tensor_at: int | None = None  # send only this many payload bytes, then close
+    trailing_bytes: bytes = b""  # appended after every request frame
+    ignore_version: bool = False  # carry on after a version mismatch (bypass the rule)
+
+    extra: dict = field(default_factory=dict)  # free-form for experiments
+
+    def active(self) -> dict:
+        """Only the knobs that differ from 'behave', for logs and reports."""
+        default = Misbehaviour()
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(default, f.name)}
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, bytes):
+                d[k] = v.hex()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Misbehaviour":
+        kw = {}
+        for f in fields(cls):
+            if f.name not in d:
+                continue
+            v = d[f.name]
+            if f.name in ("hello_caps", "client_caps", "trailing_bytes") and isinstance(v, str):
+                v = bytes.fromhex(v)
+            if f.name == "hello_version" and v is not None:
+                v = tuple(v)
+            kw[f.name] = v
+        return cls(**kw)
+
+
+BEHAVE = Misbehaviour()
