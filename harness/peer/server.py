@@ -37,8 +37,11 @@ class ConnectionRecord:
     ended: float | None = None
     commands: int = 0
     close_reason: str | None = None  # None = the client closed cleanly
+    note: str | None = None  # what the server could infer about a clean close
     cache_saves: list[str] = field(default_factory=list)
     cache_hits: int = 0
+    hello_only: bool = False
+    bytes_in: int = 0  # request bytes the server actually read
 
 
 class ReferenceServer:
@@ -164,10 +167,16 @@ class ReferenceServer:
             rec.close_reason = f"connection error: {e}"
         finally:
             rec.ended = time.time()
+            rec.bytes_in = conn.reader.bytes_consumed
             rec.cache_saves = session.cache_saves
             rec.cache_hits = session.cache_hits
             session.close()
             tr.close()
+            if rec.close_reason is None and rec.commands == 1 and rec.hello_only:
+                # The client has nothing more to say after HELLO: it refused our version.
+                rec.note = (f"client closed right after HELLO (v{self.config.dialect.version_str}"
+                            " rejected by its version rule?)")
+                self._log_err(f"[close] {rec.note}")
             if rec.close_reason:
                 self._log_err(f"[close] {rec.close_reason}")
             self._log_out("Client connection closed")
@@ -201,6 +210,7 @@ class _ConnectionLoop:
                 return
             elif isinstance(ev, Request):
                 self.rec.commands += 1
+                self.rec.hello_only = self.rec.commands == 1 and ev.message.cmd is Cmd.HELLO
                 self._request(ev.message)
             elif isinstance(ev, RequestHead):
                 self.rec.commands += 1

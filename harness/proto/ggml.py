@@ -35,7 +35,7 @@ TYPES: tuple[TypeTraits, ...] = (
 TYPE_COUNT = len(TYPES)
 assert TYPE_COUNT == 43
 
-TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_I32, TYPE_BF16 = 0, 1, 2, 26, 30
+TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_I8, TYPE_I32, TYPE_BF16 = 0, 1, 2, 24, 26, 30
 
 # ggml_op, ids 0..100 (GGML_OP_COUNT = 101 in 7.0.0; the RPC patch level tracks it).
 OPS: tuple[str, ...] = (
