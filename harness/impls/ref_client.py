@@ -22,6 +22,9 @@ from .driver import (NODE_KINDS, USAGES, ClientAborted, ClientDriver, ExitInfo, 
 TYPE_IDS = {t.name: i for i, t in enumerate(ggml.TYPES) if t.blck_size}
 ID_BASE = 0x7E00_0000_0000  # synthetic client-side tensor addresses (the C client uses pointers)
 ABORT_TEXT = "Remote RPC server crashed or returned malformed response"
+# ggml_op_alloc_size_may_expand: ops whose alloc size the client asks the server for
+ALLOC_SIZE_MAY_EXPAND = {ggml.OP[n] for n in ("FLASH_ATTN_EXT", "MUL_MAT", "MUL_MAT_ID", "CUMSUM",
+                                               "ARGSORT", "TOP_K")}
 
 
 @dataclass
@@ -48,7 +51,8 @@ class RefClientDriver(ClientDriver):
         self.tensors: dict[str, RpcTensor] = {}
         self.usage_of: dict[str, str] = {}  # tensor name -> usage of its buffer
         self._next_id = ID_BASE
-        self._graph_uid = 0
+        self._by_id: dict[int, RpcTensor] = {}
+        self._alloc_sizes: dict[tuple, int] = {}
         self._i = 0
         self._log: list[str] = []
         self.exit_info: ExitInfo | None = None
@@ -128,11 +132,26 @@ class RefClientDriver(ClientDriver):
         return self._next_id
 
     def _place(self, name: str, rec: RpcTensor, buffer: str) -> dict:
+        """Register a tensor and make the calls ggml_backend_tensor_alloc makes on an RPC buffer."""
         self.tensors[name] = rec
+        self._by_id[rec.id] = rec
         self.usage_of[name] = self.buffers[buffer].usage if buffer in self.buffers else "any"
-        if ggml.TYPES[rec.type].blck_size > 1 and rec.ne[0] % 512 and not rec.view_src:
-            self.client.init_tensor(rec)  # what the C client does for padded quantised rows
-        return {"nbytes": nbytes(rec), "data": rec.data}
+        padded = ggml.TYPES[rec.type].blck_size > 1 and rec.ne[0] % 512 and not rec.view_src
+        size = nbytes(rec)
+        if padded or rec.op in ALLOC_SIZE_MAY_EXPAND:
+            size = max(size, self._alloc_size(rec))
+        if padded:
+            self.client.init_tensor(rec)  # the server pads quantised rows (CUDA)
+        return {"nbytes": nbytes(rec), "data": rec.data, "alloc_size": size}
+
+    def _alloc_size(self, rec: RpcTensor) -> int:
+        """GET_ALLOC_SIZE, cached like the C client: per process, by type, op and shape."""
+        key = (rec.type, rec.op, rec.op_params, rec.ne, rec.nb)
+        if key not in self._alloc_sizes:
+            srcs = [self._by_id.get(i, RpcTensor.null()) if i else RpcTensor.null()
+                    for i in rec.src]
+            self._alloc_sizes[key] = self.client.get_alloc_size(rec, srcs)
+        return self._alloc_sizes[key]
 
     def _op_tensor(self, name: str, buffer: str, offset: int = 0, type: str = "f32", ne=(1,)):
         b = self.buffers[buffer]
@@ -143,15 +162,23 @@ class RefClientDriver(ClientDriver):
     def _buffer_of(self, rec: RpcTensor) -> str:
         return next(n for n, b in self.buffers.items() if b.ptr == rec.buffer)
 
-    def _op_view(self, name: str, src: str, ne, offset: int = 0):
+    def _op_view(self, name: str, src: str, ne, offset: int = 0, nb=None):
         s = self.tensors[src]
-        ne = tuple(ne) + (1,) * (4 - len(ne))
-        # ggml_view_Nd keeps the source's row strides; nb[0] is the element size
-        nb = (s.nb[0], s.nb[1], s.nb[2], s.nb[3]) if len(ne) > 1 else None
-        rec = RpcTensor.make(id=self._new_id(), type=s.type, ne=ne, nb=nb, buffer=s.buffer,
-                             data=s.data + offset, name=name, op=ggml.OP["VIEW"],
-                             op_params=(offset & 0xFFFFFFFF, offset >> 32), src=(s.id,),
-                             view_src=s.id, view_offs=offset)
+        k = len(ne)
+        ne = tuple(ne) + (1,) * (4 - k)
+        if nb is None:
+            # ggml_view_kd: element size, the source's strides for the view's own dimensions,
+            # packed above them
+            strides = [ggml.TYPES[s.type].type_size] + [s.nb[i] for i in range(1, k)]
+            for i in range(len(strides), 4):
+                strides.append(strides[i - 1] * ne[i - 1])
+            nb = tuple(strides)
+        root = self._by_id.get(s.view_src) if s.view_src else None
+        view_src, view_offs = (root.id, s.view_offs + offset) if root else (s.id, offset)
+        rec = RpcTensor.make(id=self._new_id(), type=s.type, ne=ne, nb=tuple(nb),
+                             buffer=s.buffer, data=s.data + offset, name=name,
+                             op=ggml.OP["VIEW"], op_params=(offset & 0xFFFFFFFF, offset >> 32),
+                             src=(s.id,), view_src=view_src, view_offs=view_offs)
         return self._place(name, rec, self._buffer_of(s))
 
     def _op_set(self, tensor: str, offset: int = 0, size: int | None = None, fill=None):
@@ -204,8 +231,8 @@ class RefClientDriver(ClientDriver):
     def _op_compute(self, outputs=()):
         nodes, tensors = serialize_graph([self.tensors[o] for o in outputs],
                                          {t.id: t for t in self.tensors.values()})
-        self._graph_uid += 1
-        self.client.graph_compute([n.id for n in nodes], tensors, uid=self._graph_uid)
+        # a graph made fresh for one compute has uid 0, as ggml_new_graph gives the C client
+        self.client.graph_compute([n.id for n in nodes], tensors, uid=0)
         return {"status": 0}
 
     def _op_copy(self, src: str, dst: str):

@@ -166,7 +166,6 @@ class ReferenceServer:
         except (TransportClosed, OSError) as e:
             rec.close_reason = f"connection error: {e}"
         finally:
-            rec.ended = time.time()
             rec.bytes_in = conn.reader.bytes_consumed
             rec.cache_saves = session.cache_saves
             rec.cache_hits = session.cache_hits
@@ -180,6 +179,7 @@ class ReferenceServer:
             if rec.close_reason:
                 self._log_err(f"[close] {rec.close_reason}")
             self._log_out("Client connection closed")
+            rec.ended = time.time()  # last: observers treat a set ``ended`` as final
         return rec
 
 

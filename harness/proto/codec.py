@@ -47,13 +47,16 @@ def unpack_fixed(layout: Layout, payload, offset: int = 0) -> dict:
 
 
 def _pack_graph(layout: GraphLayout, msg: GraphComputeRequest) -> bytes:
-    head = (layout.head.pack(msg.device, msg.uid, len(msg.nodes)) if layout.with_uid
-            else layout.head.pack(msg.device, len(msg.nodes)))
     if not layout.with_uid and msg.uid:
         raise LocalProtocolError("this dialect's GRAPH_COMPUTE has no uid field")
-    return b"".join((head, struct.pack(f"<{len(msg.nodes)}Q", *msg.nodes),
-                     _U32.pack(len(msg.tensors)), *(t.pack() for t in msg.tensors),
-                     msg.trailing))
+    try:
+        head = (layout.head.pack(msg.device, msg.uid, len(msg.nodes)) if layout.with_uid
+                else layout.head.pack(msg.device, len(msg.nodes)))
+        return b"".join((head, struct.pack(f"<{len(msg.nodes)}Q", *msg.nodes),
+                         _U32.pack(len(msg.tensors)), *(t.pack() for t in msg.tensors),
+                         msg.trailing))
+    except struct.error as e:  # same contract as pack_fixed: out-of-range values are local errors
+        raise LocalProtocolError(f"cannot pack {type(msg).__name__}: {e}") from None
 
 
 def _unpack_graph(layout: GraphLayout, payload, cmd_name) -> GraphComputeRequest:
@@ -169,6 +172,9 @@ def pack_response_payload(dialect: Dialect, msg: Message) -> bytes:
     if spec.response is None:
         raise LocalProtocolError(f"{msg.cmd} has no response in dialect {dialect.name}")
     layout = spec.response
+    if not isinstance(msg, layout.cls):  # e.g. an EmptyResponse for a command that is not acked
+        raise LocalProtocolError(f"{type(msg).__name__} is not a {layout.cls.__name__} "
+                                 f"in dialect {dialect.name}")
     if isinstance(msg, EmptyResponse):
         return b""
     _check_fields(layout, msg)

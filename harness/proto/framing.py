@@ -131,6 +131,11 @@ class RequestReader:
     def in_frame(self) -> bool:
         return self._cmd is not None or len(self._buf) > 0
 
+    @property
+    def frame_start(self) -> int:
+        """Stream offset of the first byte of the frame read last (or being read)."""
+        return self._frame_start
+
     # -- zero-copy streaming
     @property
     def payload_remaining(self) -> int:

@@ -186,7 +186,6 @@ class SessionDecoder:
         r = self._req_reader
         r.feed(data)
         while True:
-            start = r.bytes_consumed
             try:
                 ev = r.next_event()
             except ProtocolError as e:
@@ -198,12 +197,12 @@ class SessionDecoder:
                 s.c2s_closed = True
                 return
             if isinstance(ev, Request):
-                ex = Exchange(len(s.exchanges), ev.message, req_offset=start,
+                ex = Exchange(len(s.exchanges), ev.message, req_offset=r.frame_start,
                               req_size=ev.frame_size)
                 self._add_request(ex)
             elif isinstance(ev, RequestHead):
-                hdr = r.bytes_consumed - start
-                ex = Exchange(len(s.exchanges), ev.message, req_offset=start, req_size=hdr,
+                ex = Exchange(len(s.exchanges), ev.message, req_offset=r.frame_start,
+                              req_size=r.bytes_consumed - r.frame_start,
                               data_length=ev.data_length)
                 self._req_stream, self._req_hash = ex, Fnv1a64()
                 self._req_data = [] if ev.data_length <= self.keep_data else None

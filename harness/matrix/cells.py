@@ -1,0 +1,85 @@
+"""Expanding matrix.yaml into cells, and finding the expectation of each."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Iterable
+
+from .model import CELLS, Expectation, Matrix
+
+RELEASES = "releases"
+
+
+@dataclass(frozen=True)
+class Cell:
+    design: str
+    client_role: str
+    server_role: str
+    client: str  # implementation names
+    server: str
+    cache: bool
+    scenario: str
+
+    @property
+    def pair(self) -> str:
+        return f"{self.client_role}/{self.server_role}"
+
+    @property
+    def id(self) -> str:
+        return (f"{self.design}:{self.client}_{self.server}"
+                f"{'+cache' if self.cache else ''}:{self.scenario}")
+
+    @property
+    def folder(self) -> str:
+        return f"{self.design}/{self.client}_{self.server}{'_cache' if self.cache else ''}/{self.scenario}"
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "id": self.id, "pair": self.pair}
+
+
+def scenario_cache_options(matrix: Matrix, scenario: str) -> list[bool]:
+    from scenarios import SCENARIOS
+    if scenario in matrix.cache_options:
+        return list(matrix.cache_options[scenario])
+    return list(SCENARIOS[scenario].cache_options[:1])
+
+
+def expand(matrix: Matrix, *, designs: Iterable[str] | None = None,
+           client_role: str | None = None, server_role: str | None = None,
+           scenarios: Iterable[str] | None = None) -> list[Cell]:
+    """All cells of the four-way designs, optionally narrowed by design, roles and scenarios."""
+    wanted = list(scenarios) if scenarios else matrix.scenarios
+    cells = []
+    for dname, design in matrix.designs.items():
+        if designs and dname not in designs:
+            continue
+        for crole, srole in CELLS:
+            if client_role and crole != client_role or server_role and srole != server_role:
+                continue
+            for scen in wanted:
+                for cache in scenario_cache_options(matrix, scen):
+                    cells.append(Cell(dname, crole, srole, design.roles[crole],
+                                      design.roles[srole], cache, scen))
+    return cells
+
+
+def release_cells(matrix: Matrix, peers: Iterable[str] | None = None) -> list[Cell]:
+    if matrix.releases is None:
+        return []
+    names = list(peers) if peers else matrix.releases.peers
+    return [Cell(RELEASES, f"client {c}", f"server {s}", c, s, False, matrix.releases.scenario)
+            for c in names for s in names]
+
+
+def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
+    for e in matrix.expectations:
+        if e.design is not None and e.design != cell.design:
+            continue
+        if e.cell is not None and e.cell != cell.pair:
+            continue
+        if e.cache is not None and e.cache != cell.cache:
+            continue
+        if e.scenario is not None and e.scenario != cell.scenario:
+            continue
+        return e
+    return Expectation(outcome="works", because="no rule matched: same major assumed")

@@ -1,0 +1,42 @@
+"""A whole matrix job: pick cells, run them with progress, write the reports, set the exit code."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..report.writers import SYMBOL, write_all
+from .cells import Cell
+from .model import Matrix
+from .runner import run_cells
+
+
+def new_run_id(prefix: str = "run") -> str:
+    return f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+
+def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
+            workers: int | None = None, console: Console | None = None,
+            run_id: str | None = None) -> tuple[object, Path, int]:
+    """Run ``cells``; returns (results DataFrame, report folder, exit code)."""
+    console = console or Console()
+    run_id = run_id or new_run_id()
+    run_dir = out_root / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), TextColumn("{task.fields[last]}"), console=console,
+                  transient=False) as bar:
+        task = bar.add_task(title, total=len(cells), last="")
+
+        def progress(row: dict) -> None:
+            bar.update(task, advance=1,
+                       last=f"{SYMBOL[row['verdict']]} {row['cell_id']} ({row['verdict']})")
+
+        rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, progress=progress)
+    df = write_all(rows, run_dir, title)
+    unexpected = df[~df["verdict"].isin(["pass", "skip"])]
+    return df, run_dir, 1 if len(unexpected) else 0

@@ -1,0 +1,169 @@
+"""matrix.yaml: the schema (pydantic) and a loader that reports errors with line numbers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from ..proto.dialects import DIALECTS, get_dialect
+
+ROLES = ("old-client", "new-client", "old-server", "new-server")
+CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
+         ("new-client", "old-server"), ("new-client", "new-server"))
+OUTCOMES = ("works", "works-degraded", "rejected-at-hello", "failed")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Implementation(_Strict):
+    kind: Literal["ref", "pin", "user", "docker"]
+    proto: str = Field(description="dialect name, e.g. 7.0.0, 7.0.0+flags, 9.0.0")
+    roles: list[Literal["client", "server"]] = ["client", "server"]
+    pin: Optional[str] = None  # kind pin/user: the registry name
+    image: Optional[str] = None  # kind docker
+    command: Optional[list[str]] = None  # kind docker
+    port: Optional[int] = None  # kind docker: port inside the container
+    description: str = ""
+
+    @field_validator("proto")
+    @classmethod
+    def _known_dialect(cls, v: str) -> str:
+        try:
+            return get_dialect(v).name
+        except ValueError:
+            raise ValueError(f"unknown dialect {v!r}; known: {', '.join(DIALECTS)}") from None
+
+    @model_validator(mode="after")
+    def _kind_fields(self):
+        if self.kind in ("pin", "user") and not self.pin:
+            raise ValueError(f"kind {self.kind} needs 'pin' (a name from `harness peers list`)")
+        if self.kind == "docker" and not self.image:
+            raise ValueError("kind docker needs 'image'")
+        return self
+
+
+class Design(_Strict):
+    description: str = ""
+    roles: dict[Literal["old-client", "new-client", "old-server", "new-server"], str]
+
+    @field_validator("roles")
+    @classmethod
+    def _all_roles(cls, v: dict) -> dict:
+        missing = [r for r in ROLES if r not in v]
+        if missing:
+            raise ValueError(f"missing roles: {', '.join(missing)}")
+        return v
+
+
+class Expectation(_Strict):
+    """First matching rule wins; unset match fields match anything."""
+
+    design: Optional[str] = None
+    cell: Optional[str] = None  # "old-client/new-server"
+    cache: Optional[bool] = None
+    scenario: Optional[str] = None
+    outcome: Literal["works", "works-degraded", "rejected-at-hello", "failed"]
+    degraded: list[str] = []  # works-degraded: what degrades
+    side: Optional[Literal["client", "server"]] = None  # rejected-at-hello: who refuses
+    message: Optional[str] = None  # substring of the rejecting side's message
+    signature: Optional[str] = None  # failed: substring of the failure signature
+    because: str = ""  # why this is expected (spec section, seed)
+
+    @field_validator("cell")
+    @classmethod
+    def _cell(cls, v):
+        if v is not None and tuple(v.split("/")) not in CELLS:
+            raise ValueError(f"cell must be one of {', '.join('/'.join(c) for c in CELLS)}")
+        return v
+
+
+class Releases(_Strict):
+    peers: list[str]
+    scenario: str = "handshake"
+    description: str = ""
+
+
+class Defaults(_Strict):
+    deadline: float = 120.0  # seconds for one cell x scenario
+    idle_timeout: float = 30.0  # seconds without a byte on the wire while a client runs
+    workers: int = 3
+
+
+class Matrix(_Strict):
+    version: Literal[1] = 1
+    defaults: Defaults = Defaults()
+    implementations: dict[str, Implementation]
+    designs: dict[str, Design]
+    scenarios: list[str]
+    cache_options: dict[str, list[bool]] = {}  # scenario -> server cache values to run
+    expectations: list[Expectation]
+    releases: Optional[Releases] = None
+
+    @model_validator(mode="after")
+    def _references(self):
+        for dname, d in self.designs.items():
+            for role, impl in d.roles.items():
+                if impl not in self.implementations:
+                    raise ValueError(f"designs.{dname}.roles.{role}: unknown implementation {impl!r}")
+                want = role.split("-")[1]
+                if want not in self.implementations[impl].roles:
+                    raise ValueError(f"designs.{dname}.roles.{role}: {impl} cannot play a {want}")
+        from scenarios import SCENARIOS
+        for s in self.scenarios + list(self.cache_options):
+            if s not in SCENARIOS:
+                raise ValueError(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
+        for i, e in enumerate(self.expectations):
+            if e.design is not None and e.design not in self.designs:
+                raise ValueError(f"expectations[{i}]: unknown design {e.design!r}")
+            if e.scenario is not None and e.scenario not in SCENARIOS:
+                raise ValueError(f"expectations[{i}]: unknown scenario {e.scenario!r}")
+        return self
+
+
+class MatrixError(ValueError):
+    """matrix.yaml is not valid; the message names file, line and field."""
+
+
+def _line_index(node, path=(), out=None) -> dict:
+    """Map every key path of a YAML document to the line it starts on (1-based)."""
+    out = {} if out is None else out
+    out[path] = node.start_mark.line + 1
+    if isinstance(node, yaml.MappingNode):
+        for k, v in node.value:
+            key = k.value
+            out[path + (key,)] = k.start_mark.line + 1
+            _line_index(v, path + (key,), out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, v in enumerate(node.value):
+            _line_index(v, path + (i,), out)
+    return out
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    path = Path(path)
+    text = path.read_text()
+    try:
+        node = yaml.compose(text)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise MatrixError(f"{path}: not valid YAML: {e}") from None
+    lines = _line_index(node) if node is not None else {}
+    try:
+        return Matrix.model_validate(data or {})
+    except ValidationError as e:
+        msgs = []
+        for err in e.errors():
+            loc = tuple(err["loc"])
+            line = None
+            for n in range(len(loc), -1, -1):  # the deepest located ancestor
+                line = lines.get(loc[:n])
+                if line is not None:
+                    break
+            where = ".".join(str(p) for p in loc) or "(top level)"
+            msgs.append(f"{path}:{line or '?'}: {where}: {err['msg']}")
+        raise MatrixError("\n".join(msgs)) from None

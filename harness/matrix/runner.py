@@ -1,0 +1,294 @@
+"""Running cells: servers under supervision, a recording proxy in front, the scenario in a
+thread with a deadline and an idle watchdog, then a verdict from the wire."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from ..capture.proxy import RecordingProxy
+from ..capture.transcript import Transcript
+from ..impls.adapters import Adapter, adapter_for, adapter_for_peer
+from ..impls.driver import ClientDriver, ExitInfo
+from ..impls.supervisor import ServerProcess, ServerStartError
+from ..peer.client import RefClient
+from ..proto import Session
+from .cells import RELEASES, Cell, expectation_for
+from .model import Expectation, Matrix
+from .releases import predict
+from .scenario import Observation, label_check
+from .verdict import ERROR, HANG, Verdict, describe, judge
+
+
+@dataclass
+class CellContext:
+    """What a scenario sees of its cell (implements harness.matrix.scenario.Context)."""
+
+    cell: Cell
+    client_adapter: Adapter
+    server_adapter: Adapter
+    server: ServerProcess
+    proxy: RecordingProxy
+    workdir: Path
+    cache_dir: Path | None
+    step_timeout: float
+    notes: list[str] = field(default_factory=list)
+    clients: list[ClientDriver] = field(default_factory=list)
+    _sessions: list[Session] | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.proxy.port}"
+
+    @property
+    def cache(self) -> bool:
+        return self.cell.cache
+
+    @property
+    def client_dialect(self) -> str:
+        return self.client_adapter.dialect
+
+    @property
+    def server_dialect(self) -> str:
+        return self.server_adapter.dialect
+
+    @property
+    def client_kind(self) -> str:
+        return self.client_adapter.kind
+
+    @property
+    def server_kind(self) -> str:
+        return self.server_adapter.kind
+
+    def new_client(self) -> ClientDriver:
+        drv = self.client_adapter.new_client(step_timeout=self.step_timeout)
+        self.clients.append(drv)
+        return drv
+
+    def ref_client(self, *, knobs=None, dialect: str | None = None) -> RefClient:
+        return RefClient.connect("127.0.0.1", self.proxy.port, dialect or self.client_dialect,
+                                 timeout=self.step_timeout, knobs=knobs)
+
+    def transcripts(self) -> list[Transcript]:
+        self.proxy.wait_quiet(timeout=10.0)
+        return list(self.proxy.transcripts)
+
+    def sessions(self) -> list[Session]:
+        return [t.decode() for t in self.transcripts()]
+
+    def cache_files(self) -> list[str]:
+        d = self.cache_dir / "rpc" if self.cache_dir else None
+        if d is None or not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if len(p.name) == 16)
+
+    def log(self, message: str) -> None:
+        self.notes.append(message)
+
+    def kill_clients(self) -> None:
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - best effort while tearing down a hung cell
+                pass
+
+    # -- the end-to-end model client (real llama.cpp programs only)
+    def model_client_unavailable(self) -> str | None:
+        bin_dir = self.client_adapter.bin_dir
+        if bin_dir is None or not (bin_dir / "llama-simple").exists():
+            return (f"{self.client_adapter.pin} has no llama-simple: run `harness peers build "
+                    f"{self.client_adapter.pin} --extra-target llama-simple`")
+        return None
+
+    def run_model_client(self) -> dict:
+        from ..impls.model_client import compare_local_rpc
+        check = compare_local_rpc(self.client_adapter.bin_dir, [self.endpoint],
+                                  timeout=self.step_timeout * 5)
+        rpc_exit = check.rpc.exit
+        if rpc_exit is not None and rpc_exit.aborted and "version mismatch" in (rpc_exit.message or ""):
+            from .scenario import REJECTED, handshake_facts
+            sessions = self.sessions()
+            return {"rejected": True, "observation": Observation(
+                REJECTED, rejected_by="client", message=rpc_exit.message,
+                facts=handshake_facts(sessions[0]) if sessions else {})}
+        (self.workdir / "model.json").write_text(json.dumps(check.summary(), indent=2))
+        return {"equal": check.equal, "local_text": check.local_text, "rpc_text": check.rpc_text}
+
+
+@dataclass
+class Timeouts:
+    deadline: float
+    idle: float
+
+
+def _row(cell: Cell, expect: Expectation, verdict: Verdict, obs: Observation | None,
+         duration: float, client: Adapter, server: Adapter, run_id: str) -> dict:
+    label = {"old-client": "old", "new-client": "new", "old-server": "old", "new-server": "new"}
+    return {
+        "run_id": run_id, "cell_id": cell.id, "design": cell.design, "pair": cell.pair,
+        "client_role": cell.client_role, "server_role": cell.server_role,
+        "client": cell.client, "server": cell.server,
+        "client_label": f"{label.get(cell.client_role, cell.client_role)} client: {cell.client}",
+        "server_label": f"{label.get(cell.server_role, cell.server_role)} server: {cell.server}",
+        "client_dialect": client.dialect, "server_dialect": server.dialect,
+        "client_kind": client.kind, "server_kind": server.kind,
+        "cache": cell.cache, "scenario": cell.scenario,
+        "expected": describe(expect), "expected_outcome": expect.outcome, "because": expect.because,
+        "observed": obs.outcome if obs else None, "verdict": verdict.verdict,
+        "reason": verdict.reason, "duration": round(duration, 3), "folder": cell.folder,
+        "degraded": obs.degraded if obs else [], "rejected_by": obs.rejected_by if obs else None,
+        "message": obs.message if obs else "",
+        "checks": [c.__dict__ for c in obs.checks] if obs else [],
+        "facts": obs.facts if obs else {},
+    }
+
+
+def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, run_dir: Path,
+             timeouts: Timeouts, run_id: str) -> dict:
+    from scenarios import SCENARIOS
+
+    t0 = time.monotonic()
+    folder = run_dir / cell.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    scenario = SCENARIOS[cell.scenario]
+
+    def finish(verdict: Verdict, obs: Observation | None = None) -> dict:
+        row = _row(cell, expect, verdict, obs, time.monotonic() - t0, client, server, run_id)
+        (folder / "verdict.json").write_text(json.dumps(row, indent=2, default=str))
+        return row
+
+    skip = client.unavailable() or server.unavailable()
+    if skip:
+        return finish(judge(expect, None, skip=skip))
+    cache_dir = folder / "cache" if cell.cache else None
+    try:
+        srv = server.start_server(folder / "server", cache_dir)
+    except (ServerStartError, OSError) as e:
+        return finish(judge(expect, None, error=f"server did not start: {e}"))
+    # the proxy never times a connection out itself: the watchdog below decides on hangs
+    proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
+                           deadline=timeouts.deadline + 60).start()
+    ctx = CellContext(cell, client, server, srv, proxy, folder, cache_dir, timeouts.idle)
+    obs: Observation | None = None
+    failure: list[str] = []
+    hang: str | None = None
+    server_exit: ExitInfo | None = None
+    try:
+        skip = scenario.applicable(ctx)
+        if skip:
+            return finish(judge(expect, None, skip=skip))
+        result: dict = {}
+
+        def body():
+            try:
+                result["obs"] = scenario.run(ctx)
+            except BaseException:  # noqa: BLE001 - a harness bug is reported, not raised
+                result["error"] = traceback.format_exc()
+
+        th = threading.Thread(target=body, name=f"cell-{cell.id}", daemon=True)
+        th.start()
+        deadline = t0 + timeouts.deadline
+        while th.is_alive():
+            th.join(0.1)
+            now = time.monotonic()
+            if now > deadline:
+                hang = f"no result within the cell deadline of {timeouts.deadline:.0f} s"
+            elif proxy.idle_seconds() > timeouts.idle and proxy.active_connections() > 0:
+                hang = f"no byte on the wire for {timeouts.idle:.0f} s with a connection open"
+            if hang:
+                ctx.kill_clients()
+                server_exit = srv.poll()
+                srv.stop()
+                th.join(10)
+                break
+        if server_exit is None:
+            server_exit = srv.poll()
+        if "error" in result:
+            failure.append(result["error"])
+        obs = result.get("obs")
+        if obs is not None and obs.message.startswith("hang:"):
+            hang = obs.message
+        if obs is not None and not hang:
+            mis = label_check(ctx, ctx.sessions())
+            if mis:
+                obs.misconfigured = mis
+    finally:
+        ctx.kill_clients()
+        final = srv.stop()
+        if server_exit is None and final.returncode not in (None, 0, -15, 143):
+            server_exit = final
+        transcripts = proxy.stop()
+        _write_artefacts(folder, transcripts, ctx, srv)
+    verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
+                    server_exit=server_exit)
+    return finish(verdict, obs)
+
+
+def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellContext,
+                     srv: ServerProcess) -> None:
+    from ..capture.decode import iter_lines
+    from ..capture.pcap import write_pcap
+
+    for i, tr in enumerate(transcripts):
+        tr.save(folder / f"conn{i}.rpct")
+    if transcripts:
+        try:
+            write_pcap(transcripts, folder / "wire.pcap")
+            lines = list(iter_lines(folder / "wire.pcap", dialect=None))
+            (folder / "transcript.txt").write_text("\n".join(lines) + "\n")
+        except Exception as e:  # noqa: BLE001 - artefacts must not hide the verdict
+            (folder / "transcript.txt").write_text(f"could not render: {e!r}\n")
+    (folder / "server.log").write_text(srv.log_text())
+    logs = []
+    for c in ctx.clients:
+        logs.append(f"== {c.name}\n" + "\n".join(c.log_tail(200)))
+    if ctx.notes:
+        logs.append("== notes\n" + "\n".join(ctx.notes))
+    (folder / "client.log").write_text("\n\n".join(logs) + "\n")
+
+
+def plan(matrix: Matrix, cells: list[Cell]) -> list[tuple[Cell, Expectation, Adapter, Adapter]]:
+    adapters = {name: adapter_for(name, impl) for name, impl in matrix.implementations.items()}
+    out = []
+    for cell in cells:
+        if cell.design == RELEASES:
+            c, s = adapter_for_peer(cell.client), adapter_for_peer(cell.server)
+            out.append((cell, predict(c.dialect, s.dialect), c, s))
+        else:
+            out.append((cell, expectation_for(matrix, cell), adapters[cell.client],
+                        adapters[cell.server]))
+    return out
+
+
+def run_cells(matrix: Matrix, cells: list[Cell], run_dir: Path, *, run_id: str,
+              workers: int | None = None,
+              progress: Callable[[dict], None] | None = None) -> list[dict]:
+    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout)
+    jobs = plan(matrix, cells)
+    rows: list[dict] = []
+    with ThreadPoolExecutor(max_workers=workers or matrix.defaults.workers) as pool:
+        futs = {pool.submit(run_cell, c, e, ca, sa, run_dir, timeouts, run_id): c
+                for c, e, ca, sa in jobs}
+        for fut in as_completed(futs):
+            try:
+                row = fut.result()
+            except Exception:  # noqa: BLE001
+                cell = futs[fut]
+                row = _row(cell, Expectation(outcome="works"), Verdict(ERROR, traceback.format_exc()),
+                           None, 0.0, Adapter(cell.client, "?", "?"), Adapter(cell.server, "?", "?"),
+                           run_id)
+            rows.append(row)
+            if progress:
+                progress(row)
+    order = {c.id: i for i, c in enumerate(cells)}
+    rows.sort(key=lambda r: order.get(r["cell_id"], 0))
+    return rows
+
+
+__all__ = ["run_cells", "run_cell", "plan", "CellContext", "HANG"]

@@ -1,0 +1,185 @@
+"""Writing a matrix run's results: JSONL, CSV, Markdown grid, static HTML, JUnit XML."""
+
+from __future__ import annotations
+
+import html
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pandas as pd
+
+SYMBOL = {"pass": "✔", "fail": "✘", "crash": "💥", "hang": "⏳", "error": "⚠", "skip": "–"}
+COLOUR = {"pass": "#c8f7c5", "fail": "#f7c5c5", "crash": "#f79f9f", "hang": "#f7e3a1",
+          "error": "#f7d1a1", "skip": "#e4e4e4"}
+SHORT = {"works": "works", "works-degraded": "degraded", "rejected-at-hello": "rejected",
+         "failed": "failed"}
+
+
+def frame(rows: list[dict]) -> pd.DataFrame:
+    return pd.DataFrame(rows)
+
+
+def write_tables(df: pd.DataFrame, out: Path) -> None:
+    df.to_json(out / "results.jsonl", orient="records", lines=True, default_handler=str)
+    flat = df.copy()
+    for col in ("facts", "checks", "degraded"):
+        if col in flat:
+            flat[col] = flat[col].map(lambda v: json.dumps(v, default=str))
+    flat.to_csv(out / "results.csv", index=False)
+
+
+def _cell_text(group: pd.DataFrame) -> str:
+    """One grid cell: the verdicts and the outcomes behind them."""
+    verdicts = group["verdict"].value_counts()
+    head = " ".join(f"{SYMBOL[v]}{n}" for v, n in verdicts.items())
+    outcomes = group[group["verdict"] != "skip"]["observed"].value_counts()
+    body = ", ".join(f"{SHORT.get(o, o)}×{n}" for o, n in outcomes.items())
+    notes = []
+    for _, r in group.iterrows():
+        if r["observed"] == "works-degraded":
+            notes.append(f"{r['scenario']}: {', '.join(r['degraded'])}")
+        if r["verdict"] not in ("pass", "skip"):
+            notes.append(f"{r['scenario']}: {r['verdict'].upper()}")
+    return f"{head} {body}" + (f" [{'; '.join(notes)}]" if notes else "")
+
+
+def markdown(df: pd.DataFrame, title: str) -> str:
+    out = [f"# {title}", ""]
+    for design, d in df.groupby("design", sort=False):
+        out.append(f"## {design}")
+        out.append("")
+        if design == "releases":
+            out += _releases_md(d)
+            continue
+        for cache, dc in d.groupby("cache", sort=False):
+            out.append(f"**server cache {'on' if cache else 'off'}**")
+            out.append("")
+            servers = list(dict.fromkeys(dc["server_label"]))
+            out.append("| client \\ server | " + " | ".join(servers) + " |")
+            out.append("|---" * (len(servers) + 1) + "|")
+            for client, dr in dc.groupby("client_label", sort=False):
+                row = [client]
+                for s in servers:
+                    g = dr[dr["server_label"] == s]
+                    row.append(_cell_text(g) if len(g) else "")
+                out.append("| " + " | ".join(row) + " |")
+            out.append("")
+        out.append("| scenario | cache | " + " | ".join(dict.fromkeys(d["pair"])) + " |")
+        out.append("|---|---" + "|---" * d["pair"].nunique() + "|")
+        for (scen, cache), ds in d.groupby(["scenario", "cache"], sort=False):
+            cells = []
+            for pair in dict.fromkeys(d["pair"]):
+                r = ds[ds["pair"] == pair]
+                if len(r):
+                    r = r.iloc[0]
+                    observed = r["observed"] if isinstance(r["observed"], str) else ""
+                    cells.append(f"{SYMBOL[r['verdict']]} {SHORT.get(observed, observed)}")
+                else:
+                    cells.append("")
+            out.append(f"| {scen} | {'on' if cache else 'off'} | " + " | ".join(cells) + " |")
+        out.append("")
+    bad = df[~df["verdict"].isin(["pass", "skip"])]
+    if len(bad):
+        out.append("## Unexpected")
+        out.append("")
+        for _, r in bad.iterrows():
+            out.append(f"- **{r['verdict'].upper()}** `{r['cell_id']}`: {r['reason']}")
+        out.append("")
+    skipped = df[df["verdict"] == "skip"]
+    if len(skipped):
+        out.append("## Skipped")
+        out.append("")
+        for reason, g in skipped.groupby("reason"):
+            out.append(f"- {len(g)} cell(s): {reason}")
+        out.append("")
+    counts = df["verdict"].value_counts().to_dict()
+    out.append("Totals: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return "\n".join(out) + "\n"
+
+
+def _releases_md(d: pd.DataFrame) -> list[str]:
+    peers = list(dict.fromkeys(d["server"]))
+    out = ["Rows: client build, columns: server build. Each cell: observed (predicted by the "
+           "version rule).", "", "| client \\ server | " + " | ".join(
+               f"{p} ({d[d['server'] == p]['server_dialect'].iloc[0]})" for p in peers) + " |",
+           "|---" * (len(peers) + 1) + "|"]
+    for client, dr in d.groupby("client", sort=False):
+        row = [f"{client} ({dr['client_dialect'].iloc[0]})"]
+        for p in peers:
+            r = dr[dr["server"] == p]
+            if not len(r):
+                row.append("")
+                continue
+            r = r.iloc[0]
+            row.append(f"{SYMBOL[r['verdict']]} {SHORT.get(r['observed'], r['observed'] or '-')}"
+                       f" ({SHORT.get(r['expected_outcome'], r['expected_outcome'])})")
+        out.append("| " + " | ".join(row) + " |")
+    out.append("")
+    return out
+
+
+def write_html(df: pd.DataFrame, out: Path, title: str) -> None:
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;"
+             "margin-bottom:1.5em}td,th{border:1px solid #999;padding:4px 8px;vertical-align:top;"
+             "font-size:13px}th{background:#eee}a{color:inherit}.legend span{padding:2px 8px;"
+             "margin-right:6px}</style></head><body>",
+             f"<h1>{html.escape(title)}</h1><p class='legend'>"]
+    parts += [f"<span style='background:{c}'>{SYMBOL[v]} {v}</span>" for v, c in COLOUR.items()]
+    parts.append("</p>")
+    for design, d in df.groupby("design", sort=False):
+        parts.append(f"<h2>{html.escape(design)}</h2>")
+        pairs = list(dict.fromkeys(d["pair"]))
+        labels = {p: d[d["pair"] == p].iloc[0] for p in pairs}
+        parts.append("<table><tr><th>scenario</th><th>cache</th>" + "".join(
+            f"<th>{html.escape(p)}<br><small>{html.escape(labels[p]['client'])} → "
+            f"{html.escape(labels[p]['server'])}</small></th>" for p in pairs) + "</tr>")
+        for (scen, cache), ds in d.groupby(["scenario", "cache"], sort=False):
+            parts.append(f"<tr><td>{html.escape(scen)}</td><td>{'on' if cache else 'off'}</td>")
+            for p in pairs:
+                r = ds[ds["pair"] == p]
+                if not len(r):
+                    parts.append("<td></td>")
+                    continue
+                r = r.iloc[0]
+                tip = html.escape(f"expected {r['expected']}; {r['reason']}")
+                parts.append(
+                    f"<td style='background:{COLOUR[r['verdict']]}' title='{tip}'>"
+                    f"<a href='{html.escape(r['folder'])}/'>{SYMBOL[r['verdict']]} {r['verdict']}</a>"
+                    f"<br><small>{html.escape(str(r['observed'] or ''))}</small></td>")
+            parts.append("</tr>")
+        parts.append("</table>")
+    parts.append("</body></html>")
+    (out / "matrix.html").write_text("".join(parts))
+
+
+def write_junit(df: pd.DataFrame, out: Path, name: str = "ggml-rpc-matrix") -> None:
+    suites = ET.Element("testsuites", name=name)
+    for design, d in df.groupby("design", sort=False):
+        counts = d["verdict"].value_counts()
+        suite = ET.SubElement(suites, "testsuite", name=str(design), tests=str(len(d)),
+                              failures=str(counts.get("fail", 0)),
+                              errors=str(sum(counts.get(v, 0) for v in ("crash", "hang", "error"))),
+                              skipped=str(counts.get("skip", 0)))
+        for _, r in d.iterrows():
+            tc = ET.SubElement(suite, "testcase", classname=f"{design}.{r['pair']}",
+                               name=r["cell_id"], time=f"{r['duration']:.3f}")
+            v = r["verdict"]
+            if v == "fail":
+                ET.SubElement(tc, "failure", message=r["reason"]).text = r["reason"]
+            elif v in ("crash", "hang", "error"):
+                ET.SubElement(tc, "error", type=v, message=r["reason"]).text = r["reason"]
+            elif v == "skip":
+                ET.SubElement(tc, "skipped", message=r["reason"])
+    ET.ElementTree(suites).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
+
+
+def write_all(rows: list[dict], out: Path, title: str) -> pd.DataFrame:
+    out.mkdir(parents=True, exist_ok=True)
+    df = frame(rows)
+    write_tables(df, out)
+    (out / "matrix.md").write_text(markdown(df, title))
+    write_html(df, out, title)
+    write_junit(df, out)
+    return df

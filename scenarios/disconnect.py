@@ -1,0 +1,38 @@
+from harness.matrix.scenario import WORKS, Check, Observation, Scenario
+from harness.peer.client import ServerClosed, VersionRejected
+from harness.peer.knobs import Misbehaviour
+
+from ._session import Ended, run_steps
+
+SIZE = 4 << 20
+CUT = 1 << 20
+
+
+class Disconnect(Scenario):
+    id = "disconnect"
+    title = "Client disconnect in the middle of a SET_TENSOR"
+    description = ("A client (the reference client, in the cell's client dialect) sends 1 MiB of a "
+                   "4 MiB SET_TENSOR and closes. The server must survive and serve the next client.")
+    checks = ("server process alive", "next client served")
+
+    def run(self, ctx):
+        try:
+            c = ctx.ref_client(knobs=Misbehaviour(truncate_set_tensor_at=CUT))
+            ptr, _ = c.alloc_buffer(SIZE)
+            base = c.buffer_get_base(ptr)
+            from harness.proto import RpcTensor, ggml
+            t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(SIZE,), buffer=ptr, data=base)
+            c.set_tensor(t, bytes(SIZE))
+            c.close()
+        except (VersionRejected, ServerClosed) as e:
+            # the truncating client is not the subject here; a rejection is judged below
+            ctx.log(f"truncating client: {e}")
+        try:
+            (count,) = run_steps(ctx, [{"op": "device_count"}])
+        except Ended as e:
+            return e.observation
+        alive = ctx.server.poll() is None
+        return Observation(WORKS, checks=[
+            Check("server process alive", alive, "" if alive else str(ctx.server.poll())),
+            Check("next client served", count["count"] >= 1, ""),
+        ])

@@ -1,0 +1,58 @@
+"""`harness peers ...` commands against an empty temporary cache (no builds)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from harness.cli import app
+from harness.impls import registry
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def empty_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(registry.CACHE_ENV, str(tmp_path / "cache"))
+
+
+def test_list_json_has_every_pin_unbuilt():
+    result = runner.invoke(app, ["peers", "list", "--json"])
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.output)
+    assert [r["name"] for r in rows] == ["p3", "p4", "p5", "p6", "p7", "p8"]
+    assert [r["proto"] for r in rows] == ["3.6.1", "4.0.2", "5.0.0", "6.0.0", "7.0.0", "8.0.0"]
+    assert not any(r["available"] for r in rows)
+    assert all("harness peers build" in r["reason"] for r in rows)
+
+
+def test_list_table():
+    result = runner.invoke(app, ["peers", "list"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "llama.cpp-0.3.36" in result.output and "not built" in result.output
+
+
+def test_build_needs_names_or_all():
+    assert runner.invoke(app, ["peers", "build"]).exit_code != 0
+    assert runner.invoke(app, ["peers", "build", "p7", "--all"]).exit_code != 0
+
+
+def test_build_unknown_pin_is_an_error():
+    result = runner.invoke(app, ["peers", "build", "p99"])
+    assert result.exit_code != 0
+    assert "p99" in result.output
+
+
+def test_add_without_a_server_fails_cleanly(tmp_path):
+    (tmp_path / "b" / "bin").mkdir(parents=True)
+    result = runner.invoke(app, ["peers", "add", "--build-dir", str(tmp_path / "b")],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 1
+    assert "no ggml-rpc-server or rpc-server" in result.output
+
+
+def test_remove_unknown_user_peer():
+    result = runner.invoke(app, ["peers", "remove", "nobody"])
+    assert result.exit_code == 1

