@@ -228,7 +228,8 @@ def test_payload_field_offsets_match_spec():
                                                                "size": 304, "value": 312}
     assert spec_for(d7, Cmd.GET_ALLOC_SIZE).request.offsets == {"device": 0, "tensor": 4,
                                                                 "srcs": 300}
-    assert spec_for(d7, Cmd.GRAPH_COMPUTE).request.offsets == {"device": 0, "n_nodes": 4, "nodes": 8}
+    assert spec_for(d7, Cmd.GRAPH_COMPUTE).request.offsets == {"device": 0, "n_nodes": 4,
+                                                               "nodes": 8}
     assert spec_for(d8, Cmd.GRAPH_COMPUTE).request.offsets == {"device": 0, "uid": 4,
                                                                "n_nodes": 12, "nodes": 16}
     assert spec_for(d8, Cmd.SET_TENSOR_2D).request.offsets == {
@@ -460,9 +461,10 @@ def test_error_case_sessions_decode(case):
     session = decode_session(c2s, s2c, "7.0.0")
     d = session.dialect
     frames = [bytes.fromhex(e.get("raw") or e["req"]) for e in case["log"]]
+    assert len(session.exchanges) <= len(frames)
     for ex, frame in zip(session.exchanges, frames):
-        if ex.request is not None and ex.req_size == len(frame):
-            assert pack_request(d, ex.request) == frame
+        assert ex.req_size == len(frame)
+        assert pack_request(d, ex.request) == frame
     if session.c2s_error is not None:
         raw_offsets, off = [], 0
         for e, frame in zip(case["log"], frames):
@@ -472,9 +474,9 @@ def test_error_case_sessions_decode(case):
         assert any(a <= session.c2s_error_offset <= b for a, b in raw_offsets), session.c2s_error
 
 
-# Cases whose bytes break the framing rules of spec 1.5 / 2.2 / 4 / 6.2 step 1 themselves; a reader in
-# server mode (HELLO first) must refuse them. Everything else in errors.json is well framed
-# and fails (if at all) on server state.
+# Cases whose bytes break the framing rules of spec 1.5 / 2.2 / 4 / 6.2 step 1 themselves; a
+# reader in server mode (HELLO first) must refuse them. Everything else in errors.json is
+# well framed and fails (if at all) on server state.
 FRAMING_ERROR_CASES = {
     "first cmd DEVICE_COUNT (no HELLO)": "cmd",
     "HELLO with size 0 (pre-v4 style)": "len",

@@ -25,7 +25,7 @@ from __future__ import annotations
 import struct
 from dataclasses import replace
 from functools import lru_cache
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple, Sequence, Union
 
 from hypothesis import strategies as st
 
@@ -35,13 +35,11 @@ from ..proto.codec import (REQUEST_HEADER_SIZE, has_response, pack_request,
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID, SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import DIALECTS, Dialect, get_dialect
 from ..proto.messages import (TENSOR, TENSORS10, AllocBufferRequest, AllocBufferResponse,
-                              BufferClearRequest, BufferGetBaseRequest, BufferGetBaseResponse,
-                              CommAllreduceRequest, CommFreeRequest, CommInitRequest,
-                              CommInitResponse, CopyTensorRequest, CopyTensorResponse,
-                              DeviceCountRequest, DeviceCountResponse, EmptyResponse,
-                              FreeBufferRequest, GetAlignmentRequest, GetAlignmentResponse,
-                              GetAllocSizeRequest, GetAllocSizeResponse, GetDeviceMemoryRequest,
-                              GetDeviceMemoryResponse, GetMaxSizeRequest, GetMaxSizeResponse,
+                              BufferClearRequest, BufferGetBaseResponse, CommAllreduceRequest,
+                              CommInitRequest, CommInitResponse, CopyTensorRequest,
+                              CopyTensorResponse, DeviceCountRequest, DeviceCountResponse,
+                              EmptyResponse, GetAlignmentResponse, GetAllocSizeRequest,
+                              GetAllocSizeResponse, GetDeviceMemoryResponse, GetMaxSizeResponse,
                               GetTensor2DRequest, GetTensor2DResponse, GetTensorRequest,
                               GetTensorResponse, GraphComputeRequest, GraphLayout,
                               GraphRecomputeRequest, HelloRequest, HelloResponse,
@@ -53,7 +51,7 @@ from ..proto.tensor import RpcTensor, nbytes
 
 __all__ = [
     # building blocks
-    "BufferRegion", "buffer_regions", "dialects", "type_ids", "VALID_TYPE_IDS",
+    "BufferRegion", "Buffers", "buffer_regions", "dialects", "type_ids", "VALID_TYPE_IDS",
     "REMOVED_TYPE_IDS", "INVALID_TYPE_IDS", "tensor_names", "conn_caps", "rpc_tensors",
     # valid messages
     "messages", "exchanges", "request_frames", "response_frames", "sessions", "graphs",
@@ -99,14 +97,20 @@ class BufferRegion(NamedTuple):
         return self.base + self.size
 
 
+#: The ``buffers`` knob: live regions to sample from, a strategy for them, or None.
+Buffers = Union[Sequence[BufferRegion], st.SearchStrategy[BufferRegion], None]
+
+
 @lru_cache(maxsize=None)
 def _heap_pointers(align: int = 16) -> st.SearchStrategy[int]:
     # Linux x86-64 heap/mmap addresses look like 0x55xx_xxxx_xxxx .. 0x7fxx_xxxx_xxxx.
-    return st.integers(0x5555_0000_0000 // align, 0x7FFF_FFFF_0000 // align).map(lambda p: p * align)
+    low, high = 0x5555_0000_0000 // align, 0x7FFF_FFFF_0000 // align
+    return st.integers(low, high).map(lambda p: p * align)
 
 
 @lru_cache(maxsize=None)
-def buffer_regions(*, min_size: int = 0, max_size: int = 1 << 20) -> st.SearchStrategy[BufferRegion]:
+def buffer_regions(*, min_size: int = 0,
+                   max_size: int = 1 << 20) -> st.SearchStrategy[BufferRegion]:
     """Plausible buffers: 16-aligned handle, 32-aligned base (the CPU alignment), a size in
     ``[min_size, max_size]`` biased towards the small sizes the real-server vectors use."""
     common = [s for s in (256, 1024, 4096, 65536) if min_size <= s <= max_size]
@@ -151,7 +155,7 @@ def tensor_names(*, raw: bool = False) -> st.SearchStrategy[bytes]:
     llama = st.builds(lambda i, part: f"blk.{i}.{part}".encode(), st.integers(0, 79),
                       st.sampled_from(("attn_q.weight", "attn_k.weight", "ffn_up.weight",
                                        "attn_norm.weight", "ffn_down.weight")))
-    short = st.text("abcdefghijklmnopqrstuvwxyz0123456789_.", min_size=0, max_size=63).map(str.encode)
+    short = st.text("abcdefghijklmnopqrstuvwxyz0123456789_.", max_size=63).map(str.encode)
     return st.one_of(st.just(b""), llama, short).map(_pad_name)
 
 
@@ -207,7 +211,7 @@ def _place(draw, t: RpcTensor, region: BufferRegion, alignment: int) -> RpcTenso
 
 @st.composite
 def rpc_tensors(draw, *, types: str | st.SearchStrategy[int] = "valid",
-                buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+                buffers: Buffers = None,
                 ids: st.SearchStrategy[int] | None = None,
                 names: st.SearchStrategy[bytes] | None = None,
                 ops: st.SearchStrategy[int] | None = None,
@@ -308,7 +312,7 @@ def _post_order(nodes: list[RpcTensor], by_id: dict[int, RpcTensor]) -> list[Rpc
 
 @st.composite
 def graphs(draw, dialect: Dialect | str = "7.0.0", *, shape: str = "valid",
-           buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+           buffers: Buffers = None,
            max_nodes: int = 6, max_leaves: int = 3,
            device: st.SearchStrategy[int] | None = None) -> GraphComputeRequest:
     """GRAPH_COMPUTE requests (:class:`~harness.proto.GraphComputeRequest`).
@@ -473,8 +477,9 @@ def _draw_request(draw, d: Dialect, cmd: Cmd, region: BufferRegion) -> Message:
     if cmd is Cmd.SET_TENSOR:
         t = tensor_in_region()
         offset, length = _span(draw, nbytes(t), 4096)
-        return SetTensorRequest(tensor=t, cache_flag=draw(st.sampled_from((0, 1))) if d.cache_flag else 0,
-                                offset=offset, data=draw(st.binary(min_size=length, max_size=length)))
+        cache_flag = draw(st.sampled_from((0, 1))) if d.cache_flag else 0
+        return SetTensorRequest(tensor=t, cache_flag=cache_flag, offset=offset,
+                                data=draw(st.binary(min_size=length, max_size=length)))
     if cmd is Cmd.SET_TENSOR_HASH:
         return SetTensorHashRequest(tensor=tensor_in_region(), offset=0,
                                     hash=draw(st.integers(0, U64_MAX)))
@@ -554,7 +559,7 @@ def _draw_response(draw, d: Dialect, request: Message) -> Message:
     if cmd is Cmd.GET_ALIGNMENT:
         return GetAlignmentResponse(alignment=1 << draw(st.integers(0, 12)))
     if cmd is Cmd.GET_MAX_SIZE:
-        return GetMaxSizeResponse(max_size=draw(st.one_of(st.just(U64_MAX), st.integers(1, U64_MAX))))
+        return GetMaxSizeResponse(max_size=draw(st.just(U64_MAX) | st.integers(1, U64_MAX)))
     if cmd is Cmd.BUFFER_GET_BASE:
         return BufferGetBaseResponse(base_ptr=draw(_heap_pointers(32)))
     if cmd is Cmd.SET_TENSOR_HASH:
@@ -608,7 +613,7 @@ def _sampled(items: tuple) -> st.SearchStrategy:
 
 @st.composite
 def exchanges(draw, dialect: Dialect | str, cmd: Cmd | str | None = None, *,
-              buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+              buffers: Buffers = None,
               ) -> tuple[Message, Message | None]:
     """A valid ``(request, response)`` pair of ``dialect`` (``response`` is None for
     fire-and-forget commands). Response sizes match the request (GET_TENSOR returns exactly
@@ -632,7 +637,7 @@ def _responses(draw, d: Dialect, cmds: list[Cmd], buffers) -> Message:
 
 
 def messages(dialect: Dialect | str, cmd: Cmd | str | None = None, direction: str = "request",
-             *, buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+             *, buffers: Buffers = None,
              ) -> st.SearchStrategy[Message]:
     """Valid messages of every command that exists in ``dialect`` (or only ``cmd``).
 
@@ -650,13 +655,15 @@ def messages(dialect: Dialect | str, cmd: Cmd | str | None = None, direction: st
     return _responses(d, _commands(d, cmd, "response"), buffers)
 
 
-def request_frames(dialect: Dialect | str, cmd: Cmd | str | None = None, **kwargs) -> st.SearchStrategy[bytes]:
+def request_frames(dialect: Dialect | str, cmd: Cmd | str | None = None,
+                   **kwargs) -> st.SearchStrategy[bytes]:
     """Whole request frames (cmd byte, u64 length, payload) of :func:`messages`."""
     d = get_dialect(dialect)
     return messages(d, cmd, "request", **kwargs).map(lambda m: pack_request(d, m))
 
 
-def response_frames(dialect: Dialect | str, cmd: Cmd | str | None = None, **kwargs) -> st.SearchStrategy[bytes]:
+def response_frames(dialect: Dialect | str, cmd: Cmd | str | None = None,
+                    **kwargs) -> st.SearchStrategy[bytes]:
     """Whole response frames (u64 length, payload) of :func:`messages` responses."""
     d = get_dialect(dialect)
     return messages(d, cmd, "response", **kwargs).map(lambda m: pack_response(d, m))
@@ -664,7 +671,7 @@ def response_frames(dialect: Dialect | str, cmd: Cmd | str | None = None, **kwar
 
 @st.composite
 def sessions(draw, dialect: Dialect | str, *, max_exchanges: int = 8,
-             buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+             buffers: Buffers = None,
              ) -> list[tuple[Message, Message | None]]:
     """A list of :func:`exchanges` that starts with HELLO and never repeats it -- the shape of
     a well-behaved connection (commands are independent draws, not a stateful model)."""
@@ -735,7 +742,8 @@ def check_description(desc: dict) -> None:
             continue
         if key not in _OPTIONAL_KEYS:
             problems.append(f"unknown key {key!r}")
-        elif not isinstance(value, _OPTIONAL_KEYS[key]) or (key != "eof" and isinstance(value, bool)):
+        elif (not isinstance(value, _OPTIONAL_KEYS[key])
+              or (key != "eof" and isinstance(value, bool))):  # bool is an int subclass
             problems.append(f"{key!r} has the wrong type: {value!r}")
     if not problems:
         if desc["kind"] not in _WHATS:
@@ -878,7 +886,7 @@ def _only(candidates: list, what: str | None, label: str) -> list:
 
 def framing_mutations(dialect: Dialect | str, cmd: Cmd | str | None = None, *,
                       what: str | None = None,
-                      buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+                      buffers: Buffers = None,
                       ) -> st.SearchStrategy[Mutation]:
     """Framing mutations of valid request frames (``kind == "framing"``, see
     :data:`FRAMING_WHATS`):
@@ -932,7 +940,7 @@ def _one_hot_caps(draw) -> tuple[int, int, bytes]:
 
 
 def flag_mutations(dialect: Dialect | str, *, what: str | None = None,
-                   buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+                   buffers: Buffers = None,
                    ) -> st.SearchStrategy[Mutation]:
     """Flag-byte mutations (``kind == "flag"``, see :data:`FLAG_WHATS`):
 
@@ -1003,6 +1011,9 @@ def _request_fields(d: Dialect, cmd: Cmd) -> set[str]:
 
 _TENSOR_CMDS_WITH_OFFSET = (Cmd.SET_TENSOR, Cmd.SET_TENSOR_HASH, Cmd.GET_TENSOR, Cmd.MEMSET_TENSOR,
                             Cmd.SET_TENSOR_2D, Cmd.GET_TENSOR_2D)
+# Commands with a size (SET_TENSOR's is its data length; ALLOC_BUFFER sizes a buffer).
+_TENSOR_CMDS_WITH_SIZE = (Cmd.SET_TENSOR, Cmd.GET_TENSOR, Cmd.MEMSET_TENSOR, Cmd.SET_TENSOR_2D,
+                          Cmd.GET_TENSOR_2D, Cmd.ALLOC_BUFFER)
 
 
 def _field_candidates(d: Dialect, cmd: Cmd | None = None) -> list[tuple[str, Cmd]]:
@@ -1013,7 +1024,7 @@ def _field_candidates(d: Dialect, cmd: Cmd | None = None) -> list[tuple[str, Cmd
             out += [(w, c) for w in _TENSOR_WHATS]
         if c in _TENSOR_CMDS_WITH_OFFSET:
             out.append(("offset_near_bounds", c))
-        if (c in _TENSOR_CMDS_WITH_OFFSET and c is not Cmd.SET_TENSOR_HASH) or c is Cmd.ALLOC_BUFFER:
+        if c in _TENSOR_CMDS_WITH_SIZE:
             out.append(("size_near_bounds", c))
         if "device" in fields:
             out.append(("device_invalid", c))
@@ -1086,7 +1097,8 @@ def _mutate_tensor(draw, what: str, t: RpcTensor, region: BufferRegion):
         if case == "unknown":
             return t.with_(view_src=t.id ^ 0x10_0000), "view_src", dict(case=case)
         v = U64_MAX if case == "offs_max" else region.size + 1
-        return t.with_(view_src=t.id ^ 0x20_0000, view_offs=v), "view_offs", dict(value=v, case=case)
+        return (t.with_(view_src=t.id ^ 0x20_0000, view_offs=v), "view_offs",
+                dict(value=v, case=case))
     if what == "op_invalid":
         v = draw(st.sampled_from((ggml.OP_COUNT, ggml.OP_COUNT + 1, 255, 1 << 31, U32_MAX)))
         return t.with_(op=v), "op", dict(value=v)
@@ -1261,7 +1273,7 @@ def _field(draw, d: Dialect, what: str, cmd: Cmd, buffers) -> Mutation:
 
 def field_mutations(dialect: Dialect | str, cmd: Cmd | str | None = None, *,
                     what: str | None = None,
-                    buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+                    buffers: Buffers = None,
                     ) -> st.SearchStrategy[Mutation]:
     """Field mutations of otherwise valid requests (``kind == "field"``, see
     :data:`FIELD_WHATS`). The frame stays well-framed (except the graph count mutations,
@@ -1296,7 +1308,7 @@ def field_mutations(dialect: Dialect | str, cmd: Cmd | str | None = None, *,
 
 
 def mutations(dialect: Dialect | str, *, kinds: Iterable[str] = MUTATION_KINDS,
-              buffers: Sequence[BufferRegion] | st.SearchStrategy[BufferRegion] | None = None,
+              buffers: Buffers = None,
               ) -> st.SearchStrategy[Mutation]:
     """Any structured mutation of ``dialect``: the union of :func:`framing_mutations`,
     :func:`flag_mutations` and :func:`field_mutations` (restrict with ``kinds``)."""
@@ -1317,7 +1329,8 @@ def mutations(dialect: Dialect | str, *, kinds: Iterable[str] = MUTATION_KINDS,
 
 def mutation_catalogue(dialect: Dialect | str) -> list[dict]:
     """Every ``{"kind", "what", "cmd"}`` combination the mutation strategies can draw for
-    ``dialect`` -- the denominator of a fuzz report's coverage table."""
+    ``dialect`` -- the denominator of a fuzz report's coverage table. ``unknown_cmd`` is listed
+    once with ``cmd == "UNKNOWN"`` (its descriptions say ``"UNKNOWN_<id>"``)."""
     d = get_dialect(dialect)
     out = []
     for kind, cands in (("framing", _framing_candidates(d)), ("flag", _flag_candidates(d)),

@@ -24,6 +24,7 @@ class Adapter:
     image: str | None = None
     command: list[str] | None = None
     container_port: int | None = None
+    server_args: tuple[str, ...] = ()
 
     # ------------------------------------------------------------ availability
     def unavailable(self) -> str | None:
@@ -54,7 +55,7 @@ class Adapter:
             # the real servers keep entries in <LLAMA_CACHE>/rpc; mirror that layout
             return start_reference_server(self.dialect, workdir=workdir,
                                           cache_dir=cache_dir / "rpc" if cache_dir else None,
-                                          extra_args=["--idle-timeout", "60"])
+                                          extra_args=["--idle-timeout", "60", *self.server_args])
         if self.kind == "docker":
             raise NotImplementedError("docker servers run through DockerPeer where an engine exists")
         return start_peer_server(self.peer(), cache_dir=cache_dir, workdir=workdir)
@@ -80,7 +81,8 @@ class Adapter:
 def adapter_for(name: str, impl) -> Adapter:
     """Build an adapter from a matrix.yaml implementation entry (harness.matrix.model)."""
     return Adapter(name=name, kind=impl.kind, dialect=impl.proto, pin=impl.pin, image=impl.image,
-                   command=impl.command, container_port=impl.port)
+                   command=impl.command, container_port=impl.port,
+                   server_args=tuple(impl.server_args))
 
 
 def adapter_for_peer(pin: str) -> Adapter:

@@ -51,6 +51,7 @@ class RefClientDriver(ClientDriver):
         self.tensors: dict[str, RpcTensor] = {}
         self.usage_of: dict[str, str] = {}  # tensor name -> usage of its buffer
         self._next_id = ID_BASE
+        self._device_count = 0
         self._by_id: dict[int, RpcTensor] = {}
         self._alloc_sizes: dict[tuple, int] = {}
         self._i = 0
@@ -102,12 +103,14 @@ class RefClientDriver(ClientDriver):
         host, _, port = endpoint.partition(":")
         self.client = RefClient.connect(host, int(port), self.dialect, timeout=self.timeout,
                                         knobs=self.knobs)
+        # ggml_backend_rpc_init registers the server, which asks for its device count once
+        self._device_count = self.client.device_count()
         h = self.client.server_hello
         return {"server_version": "%d.%d.%d" % h.version if h else None,
                 "server_flags": h.flags if h else None}
 
     def _op_device_count(self):
-        return {"count": self.client.device_count()}
+        return {"count": self._device_count}  # known since connect, like the C registry
 
     def _op_buffer_type(self, device: int = 0):
         return {"alignment": self.client.get_alignment(device),
@@ -139,7 +142,8 @@ class RefClientDriver(ClientDriver):
         padded = ggml.TYPES[rec.type].blck_size > 1 and rec.ne[0] % 512 and not rec.view_src
         size = nbytes(rec)
         if padded or rec.op in ALLOC_SIZE_MAY_EXPAND:
-            size = max(size, self._alloc_size(rec))
+            # asked before the tensor is placed: no buffer or data yet
+            size = max(size, self._alloc_size(rec.with_(buffer=0, data=0)))
         if padded:
             self.client.init_tensor(rec)  # the server pads quantised rows (CUDA)
         return {"nbytes": nbytes(rec), "data": rec.data, "alloc_size": size}
@@ -231,6 +235,12 @@ class RefClientDriver(ClientDriver):
     def _op_compute(self, outputs=()):
         nodes, tensors = serialize_graph([self.tensors[o] for o in outputs],
                                          {t.id: t for t in self.tensors.values()})
+        # ggml_build_forward_expand sets the COMPUTE flag on the tensors themselves, so later
+        # requests about them carry it too
+        flagged = {n.id: n for n in nodes}
+        for name, rec in list(self.tensors.items()):
+            if rec.id in flagged:
+                self.tensors[name] = self._by_id[rec.id] = rec.with_(flags=flagged[rec.id].flags)
         # a graph made fresh for one compute has uid 0, as ggml_new_graph gives the C client
         self.client.graph_compute([n.id for n in nodes], tensors, uid=0)
         return {"status": 0}

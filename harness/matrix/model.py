@@ -28,6 +28,7 @@ class Implementation(_Strict):
     image: Optional[str] = None  # kind docker
     command: Optional[list[str]] = None  # kind docker
     port: Optional[int] = None  # kind docker: port inside the container
+    server_args: list[str] = []  # kind ref: extra `harness serve` arguments (e.g. --knob ...)
     description: str = ""
 
     @field_validator("proto")
@@ -116,12 +117,13 @@ class Matrix(_Strict):
         from scenarios import SCENARIOS
         for s in self.scenarios + list(self.cache_options):
             if s not in SCENARIOS:
-                raise ValueError(f"unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
+                where = "scenarios" if s in self.scenarios else f"cache_options.{s}"
+                raise ValueError(f"{where}: unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
         for i, e in enumerate(self.expectations):
             if e.design is not None and e.design not in self.designs:
-                raise ValueError(f"expectations[{i}]: unknown design {e.design!r}")
+                raise ValueError(f"expectations.{i}.design: unknown design {e.design!r}")
             if e.scenario is not None and e.scenario not in SCENARIOS:
-                raise ValueError(f"expectations[{i}]: unknown scenario {e.scenario!r}")
+                raise ValueError(f"expectations.{i}.scenario: unknown scenario {e.scenario!r}")
         return self
 
 
@@ -159,11 +161,17 @@ def load_matrix(path: str | Path) -> Matrix:
         msgs = []
         for err in e.errors():
             loc = tuple(err["loc"])
+            msg = err["msg"].removeprefix("Value error, ")
+            head, sep, rest = msg.partition(": ")
+            if not loc and sep and " " not in head:
+                # cross-reference errors name their own path ("designs.bump.roles.old-client")
+                loc = tuple(int(p) if p.isdigit() else p for p in head.split("."))
+                msg = rest
             line = None
             for n in range(len(loc), -1, -1):  # the deepest located ancestor
                 line = lines.get(loc[:n])
                 if line is not None:
                     break
             where = ".".join(str(p) for p in loc) or "(top level)"
-            msgs.append(f"{path}:{line or '?'}: {where}: {err['msg']}")
+            msgs.append(f"{path}:{line or '?'}: {where}: {msg}")
         raise MatrixError("\n".join(msgs)) from None

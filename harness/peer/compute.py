@@ -144,7 +144,11 @@ def _execute_node(node: ServerTensor) -> str | None:
         if ka != kb or tuple(dst_ne) != (m, n, b2, b3) or b2 % a2 or b3 % a3:
             return "inconsistent shapes"
         x = tensor_array(a).astype(np.float32)  # (a3, a2, m, k)
-        y = tensor_array(b).astype(np.float32)  # (b3, b2, n, k)
+        y = tensor_array(b)  # (b3, b2, n, k)
+        if a.rec.type == ggml.TYPE_F16:
+            # the CPU backend converts src1 to src0's dot type (f16) before the dot products
+            y = y.astype(np.float16)
+        y = y.astype(np.float32)
         x = np.repeat(np.repeat(x, b3 // a3, axis=0), b2 // a2, axis=1)
         _store(node, np.matmul(y, np.swapaxes(x, -1, -2)))  # (b3, b2, n, m)
     elif op == "GET_ROWS":

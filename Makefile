@@ -1,0 +1,38 @@
+# Two entry points do all set-up on a fresh machine (Python >= 3.11, a C/C++ compiler):
+#   make matrix   - build the real peers, run the interoperability matrix, write reports/
+#   make test     - build the real peers, run the whole test suite (fast, slow and real-peer)
+# Everything else installs from PyPI into .venv; peers are cached in the user cache dir.
+
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: matrix test test-fast peers install clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test,build]'
+	touch $@
+
+install: $(STAMP)
+
+# p7 first with llama-simple (the end-to-end client), then every other pin; cached builds are instant.
+peers: $(STAMP)
+	$(BIN)/harness peers build p7 --extra-target llama-simple
+	$(BIN)/harness peers build --all
+
+matrix: peers
+	$(BIN)/harness matrix
+
+# pytest exits 5 when a selection collects nothing; that is not a failure here.
+test: peers
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

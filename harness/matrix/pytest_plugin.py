@@ -1,0 +1,95 @@
+"""pytest plugin: ``pytest --matrix matrix.yaml`` runs the matrix cells as tests.
+
+Each cell is one test item named by its cell id, so ``-k`` selects cells
+(``pytest --matrix matrix.yaml -k "no-bump and weights-cache"``). A cell whose verdict is not
+the expected one fails with the verdict's reason; a skipped cell is skipped with its reason.
+The cells' folders go to ``--matrix-out`` (default ``reports/pytest-<run-id>``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+_OPTION = "--matrix"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("ggml-rpc matrix")
+    group.addoption(_OPTION, action="store", default=None, metavar="MATRIX_YAML",
+                    help="run the cells of this matrix.yaml as tests")
+    group.addoption("--matrix-out", action="store", default="reports", metavar="DIR",
+                    help="where cell folders are written")
+    group.addoption("--matrix-releases", action="store_true", default=False,
+                    help="include the releases matrix (every real build against every other)")
+
+
+def pytest_load_initial_conftests(early_config, parser, args):
+    # Make the matrix file a collection target, so `pytest --matrix m.yaml` collects its cells.
+    for i, a in enumerate(args):
+        path = a.split("=", 1)[1] if a.startswith(_OPTION + "=") else (
+            args[i + 1] if a == _OPTION and i + 1 < len(args) else None)
+        if path:
+            args.append(path)
+            return
+
+
+def pytest_collect_file(file_path: Path, parent):
+    wanted = parent.config.getoption(_OPTION)
+    if wanted and file_path.resolve() == Path(wanted).resolve():
+        return MatrixFile.from_parent(parent, path=file_path)
+    return None
+
+
+class MatrixFile(pytest.File):
+    def collect(self):
+        from .cells import expand, release_cells
+        from .model import load_matrix
+        from .runner import plan
+
+        matrix = load_matrix(self.path)
+        cells = expand(matrix)
+        if self.config.getoption("--matrix-releases"):
+            cells += release_cells(matrix)
+        self.config._ggml_rpc_matrix = matrix
+        for cell, expect, client, server in plan(matrix, cells):
+            yield MatrixItem.from_parent(self, name=cell.id, cell=cell, expect=expect,
+                                         client=client, server=server)
+
+
+class MatrixCellFailure(Exception):
+    pass
+
+
+class MatrixItem(pytest.Item):
+    def __init__(self, *, cell, expect, client, server, **kw):
+        super().__init__(**kw)
+        self.cell, self.expect, self.client, self.server = cell, expect, client, server
+        self.add_marker(pytest.mark.matrix)
+
+    def runtest(self):
+        from .job import new_run_id
+        from .runner import Timeouts, run_cell
+
+        cfg = self.config
+        if not hasattr(cfg, "_ggml_rpc_run"):
+            cfg._ggml_rpc_run = new_run_id("pytest")
+        matrix = cfg._ggml_rpc_matrix
+        run_dir = Path(cfg.getoption("--matrix-out")) / cfg._ggml_rpc_run
+        row = run_cell(self.cell, self.expect, self.client, self.server, run_dir,
+                       Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout),
+                       cfg._ggml_rpc_run)
+        if row["verdict"] == "skip":
+            pytest.skip(row["reason"])
+        if row["verdict"] != "pass":
+            raise MatrixCellFailure(f"{row['verdict']}: {row['reason']} "
+                                    f"(evidence: {run_dir / row['folder']})")
+
+    def repr_failure(self, excinfo):
+        if isinstance(excinfo.value, MatrixCellFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo)
+
+    def reportinfo(self):
+        return self.path, None, f"matrix cell {self.name}"

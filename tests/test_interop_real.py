@@ -1,0 +1,188 @@
+"""The reference peer against the real 7.0.0 peers, and the conformance catalogue."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.capture.canonical import canonical, first_divergence, unified_diff
+from harness.capture.proxy import RecordingProxy
+from harness.conformance.cases import CASES
+from harness.conformance.raw import RawSession
+from harness.conformance.runner import VECTOR_OUTCOMES, run_all
+from harness.impls.ref_client import RefClientDriver
+from harness.impls.registry import PeerError, get_peer
+from harness.impls.supervisor import start_peer_server, start_reference_server
+from harness.peer.server import ReferenceServer
+from harness.peer.server_core import ServerConfig
+from harness.proto import get_dialect
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# One session touching every 7.0.0 command a client library sends.
+STEPS = [
+    {"op": "buffer_type"}, {"op": "device_memory"}, {"op": "device_count"},
+    {"op": "alloc_buffer", "name": "w", "size": 1 << 16, "usage": "weights"},
+    {"op": "alloc_buffer", "name": "act", "size": 1 << 16, "usage": "compute"},
+    {"op": "tensor", "name": "a", "buffer": "w", "offset": 0, "ne": [64]},
+    {"op": "tensor", "name": "b", "buffer": "w", "offset": 1024, "ne": [64]},
+    {"op": "tensor", "name": "W", "buffer": "w", "offset": 2048, "type": "f16", "ne": [32, 16]},
+    {"op": "tensor", "name": "X", "buffer": "w", "offset": 4096, "ne": [32, 4]},
+    {"op": "tensor", "name": "I", "buffer": "w", "offset": 8192, "type": "i32", "ne": [4]},
+    {"op": "set", "tensor": "a", "fill": {"pattern": "random", "seed": 1}},
+    {"op": "set", "tensor": "b", "fill": {"pattern": "random", "seed": 2}},
+    {"op": "set", "tensor": "W", "fill": {"pattern": "random", "seed": 3, "dtype": "f16"}},
+    {"op": "set", "tensor": "X", "fill": {"pattern": "random", "seed": 4}},
+    {"op": "set", "tensor": "I", "fill": {"pattern": "arange", "dtype": "i32"}},
+    {"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"], "buffer": "act", "offset": 0},
+    {"op": "node", "name": "p", "kind": "mul", "inputs": ["s", "b"], "buffer": "act", "offset": 1024},
+    {"op": "node", "name": "q", "kind": "scale", "inputs": ["p"], "buffer": "act", "offset": 2048,
+     "params": {"s": 0.25}},
+    {"op": "tensor", "name": "h", "buffer": "act", "offset": 3072, "type": "f16", "ne": [64]},
+    {"op": "node", "name": "c", "kind": "cpy", "inputs": ["q", "h"]},
+    {"op": "node", "name": "Y", "kind": "mul_mat", "inputs": ["W", "X"], "buffer": "act",
+     "offset": 4096},
+    {"op": "node", "name": "R", "kind": "get_rows", "inputs": ["W", "I"], "buffer": "act",
+     "offset": 8192},
+    {"op": "view", "name": "v", "src": "a", "ne": [16], "offset": 64},
+    {"op": "compute", "outputs": ["c", "Y", "R"]},
+    {"op": "get", "tensor": "q"}, {"op": "get", "tensor": "h"}, {"op": "get", "tensor": "Y"},
+    {"op": "get", "tensor": "R"}, {"op": "get", "tensor": "v"},
+    {"op": "set", "tensor": "a", "offset": 16, "size": 32, "fill": {"pattern": "const", "value": 3}},
+    {"op": "get", "tensor": "a", "offset": 8, "size": 64},
+    {"op": "copy", "src": "a", "dst": "b"},
+    {"op": "memset", "tensor": "b", "offset": 8, "size": 16, "value": 0},
+    {"op": "get", "tensor": "b"}, {"op": "clear", "buffer": "act", "value": 0},
+    {"op": "get", "tensor": "q"},
+    {"op": "free_buffer", "buffer": "act"}, {"op": "free_buffer", "buffer": "w"},
+]
+
+
+def p7():
+    try:
+        peer = get_peer("p7")
+    except PeerError as e:
+        pytest.skip(str(e))
+    if not peer.available:
+        pytest.skip(f"p7 is not built: {peer.reason}")
+    return peer
+
+
+def run_session(driver, server, workdir: Path):
+    """Run STEPS through a recording proxy; returns (results, canonical session)."""
+    proxy = RecordingProxy(("127.0.0.1", server.port)).start()
+    try:
+        driver.run({"op": "connect", "endpoint": f"127.0.0.1:{proxy.port}"})
+        results = [driver.run(s).result for s in STEPS]
+        driver.run({"op": "close"})
+    finally:
+        driver.close()
+        proxy.wait_quiet()
+        transcripts = proxy.stop()
+    assert len(transcripts) == 1
+    return results, canonical(transcripts[0].decode())
+
+
+MUL_MAT_GET = next(i for i, s in enumerate(STEPS) if s == {"op": "get", "tensor": "Y"})
+
+
+def digests(results, exact_mul_mat: bool = True):
+    """Digests of every read. MUL_MAT sums in a backend-specific order, so across servers its
+    output is compared by value (``close``) instead of bit for bit."""
+    return [(r.get("fnv"), r.get("size")) for i, r in enumerate(results)
+            if "fnv" in r and (exact_mul_mat or i != MUL_MAT_GET)]
+
+
+def close(a: dict, b: dict) -> bool:
+    import numpy as np
+    x = np.frombuffer(bytes.fromhex(a["head"]), np.float32)
+    y = np.frombuffer(bytes.fromhex(b["head"]), np.float32)
+    return bool(np.allclose(x, y, rtol=1e-5, atol=1e-6))
+
+
+@pytest.mark.realpeer
+def test_ref_client_sends_what_the_c_client_sends(tmp_path):
+    """Same steps, same real 7.0.0 server: the canonical bytes of both clients are equal."""
+    from harness.impls.real_client import CtypesClientDriver
+    peer = p7()
+    with start_peer_server(peer, workdir=tmp_path / "a") as srv:
+        c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
+    with start_peer_server(peer, workdir=tmp_path / "b") as srv:
+        r_results, r_wire = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
+    div = first_divergence(c_wire, r_wire)
+    assert div is None, f"{div}\n" + "\n".join(unified_diff(c_wire, r_wire, "C", "ref")[:20])
+    assert digests(c_results) == digests(r_results)
+    assert [e["cmd"] for e in c_wire].count("GRAPH_COMPUTE") == 1
+
+
+@pytest.mark.realpeer
+def test_reference_server_gives_the_real_servers_results(tmp_path):
+    """The real C client against `harness serve --proto 7.0.0` and against the real server."""
+    from harness.impls.real_client import CtypesClientDriver
+    peer = p7()
+    with start_peer_server(peer, workdir=tmp_path / "real") as srv:
+        real, real_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
+    with start_reference_server("7.0.0", workdir=tmp_path / "ref") as srv:
+        ref, ref_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
+    assert digests(real, False) == digests(ref, False)
+    assert close(real[MUL_MAT_GET], ref[MUL_MAT_GET])
+    # the same client said the same things to both servers; the answers match too (device
+    # memory aside: the reference reports its budget, the CPU backend the host's RAM)
+    for i, (a, b) in enumerate(zip(real_wire, ref_wire)):
+        assert a["cmd"] == b["cmd"]
+        if a["cmd"] == "GET_DEVICE_MEMORY" or a.get("response", {}) and \
+                a["request"].get("tensor", {}).get("name") == "Y":
+            continue
+        assert a == b, (i, a["cmd"], first_divergence([a], [b]))
+
+
+@pytest.mark.realpeer
+def test_ref_client_against_real_server_matches_reference_server(tmp_path):
+    peer = p7()
+    with start_peer_server(peer, workdir=tmp_path / "real") as srv:
+        real, _ = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
+    with start_reference_server("7.0.0", workdir=tmp_path / "ref") as srv:
+        ref, _ = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
+    assert digests(real, False) == digests(ref, False)
+    assert close(real[MUL_MAT_GET], ref[MUL_MAT_GET])
+
+
+# ---------------------------------------------------------------- conformance
+
+def test_every_recorded_case_has_a_conformance_case():
+    recorded = json.loads((ROOT / "fixtures/vectors/errors.json").read_text())
+    by_vector = {c.vector: c for c in CASES}
+    for rec in recorded:
+        case = by_vector.get(rec["case"])
+        assert case is not None, f"no conformance case for {rec['case']!r}"
+        assert case.expect == VECTOR_OUTCOMES[rec["after"]], rec["case"]
+    state = json.loads((ROOT / "fixtures/vectors/state.json").read_text())
+    assert by_vector["stale_handle_from_prev_conn"].expect == VECTOR_OUTCOMES[
+        state["stale_handle_from_prev_conn"]]
+
+
+def _assert_conformance(host: str, port: int):
+    results = run_all(host, port, observe_wait=0.3)
+    wrong = [(r.case.id, r.case.expect, r.outcome, r.detail) for r in results if not r.ok]
+    assert not wrong
+    with RawSession(host, port) as s:  # and it still serves the next client
+        assert s.hello().version == (7, 0, 0)
+
+
+def test_reference_server_closes_where_the_real_one_does():
+    srv = ReferenceServer(ServerConfig(get_dialect("7.0.0")), serial=True, out=io.StringIO(),
+                          err=io.StringIO())
+    srv.start()
+    try:
+        _assert_conformance(srv.host, srv.port)
+    finally:
+        srv.stop()
+
+
+@pytest.mark.realpeer
+def test_real_server_still_behaves_as_recorded(tmp_path):
+    with start_peer_server(p7(), workdir=tmp_path) as srv:
+        _assert_conformance("127.0.0.1", srv.port)
