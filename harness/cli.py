@@ -64,6 +64,20 @@ def serve(
 
 
 DEFAULT_MATRIX = Path("matrix.yaml")
+DELIVER_HELP = ("Fault-injecting delivery in front of every server: chop (every frame cut at "
+                "each field edge, small frames at every byte), chop:N, random:SEED[:MAX], with "
+                "options ,delay=MS ,truncate=N ,hello_flags=V ,cache_flag=V.")
+
+
+def _delivery(spec: Optional[str]) -> Optional[str]:
+    if spec is None:
+        return None
+    from .transport.chop import Delivery
+    try:
+        Delivery.parse(spec)
+    except ValueError as e:
+        raise typer.BadParameter(str(e))
+    return spec
 ROLE_NAMES = ("old-client", "new-client", "old-server", "new-server")
 
 
@@ -119,6 +133,7 @@ def run(
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out", help="Where run folders go."),
     workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
+    deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
 ):
     """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
     from .matrix.cells import expand
@@ -134,7 +149,7 @@ def run(
         console.print("[red]no cell matches")
         raise typer.Exit(2)
     df, run_dir, code = run_job(m, cells, out, title=f"{client_role} x {server_role}",
-                                workers=workers, console=console)
+                                workers=workers, console=console, deliver=_delivery(deliver))
     _finish(df, run_dir)
     raise typer.Exit(code)
 
@@ -148,6 +163,7 @@ def matrix(
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out"),
     workers: Optional[int] = typer.Option(None),
+    deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
     from .matrix.cells import expand, release_cells
@@ -157,10 +173,28 @@ def matrix(
     cells = expand(m, designs=design or None, scenarios=scenario or None)
     if releases and not design:
         cells += release_cells(m)
-    df, run_dir, code = run_job(m, cells, out, title="ggml-rpc interoperability matrix",
-                                workers=workers, console=console)
+    title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
+    df, run_dir, code = run_job(m, cells, out, title=title, workers=workers, console=console,
+                                deliver=_delivery(deliver))
     _finish(df, run_dir)
     raise typer.Exit(code)
+
+
+@app.command()
+def diff(
+    cell_a: Path = typer.Argument(..., help="A cell folder (reports/<run>/<design>/<pair>/<scenario>), "
+                                  ".rpct or .pcap."),
+    cell_b: Path = typer.Argument(..., help="The cell to compare it with."),
+    context: int = typer.Option(40, help="Lines of canonical diff to show."),
+):
+    """Compare what crossed the wire in two cells: first diverging message and field."""
+    from .capture.differ import diff_cells
+
+    d = diff_cells(cell_a, cell_b, context=context)
+    console.print(d.summary(), highlight=False)
+    for line in d.diff:
+        console.print(line, highlight=False, markup=False)
+    raise typer.Exit(0 if d.same else 1)
 
 
 def parse_size(text: str) -> int:

@@ -167,3 +167,17 @@ def render(c: list[dict]) -> list[str]:
 
 def unified_diff(a: list[dict], b: list[dict], a_name: str = "a", b_name: str = "b") -> list[str]:
     return list(difflib.unified_diff(render(a), render(b), a_name, b_name, lineterm="", n=1))
+
+
+def command_differences(a: list[dict], b: list[dict]) -> list[str]:
+    """Commands present in one session and not the other, aligned on the command sequence."""
+    ca, cb = [e["cmd"] for e in a], [e["cmd"] for e in b]
+    out = []
+    for tag, i1, i2, j1, j2 in difflib.SequenceMatcher(a=ca, b=cb, autojunk=False).get_opcodes():
+        if tag == "equal":
+            continue
+        if i2 > i1:
+            out.append(f"only in a at {i1}..{i2 - 1}: {', '.join(ca[i1:i2])}")
+        if j2 > j1:
+            out.append(f"only in b at {j1}..{j2 - 1}: {', '.join(cb[j1:j2])}")
+    return out

@@ -21,7 +21,7 @@ def new_run_id(prefix: str = "run") -> str:
 
 def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             workers: int | None = None, console: Console | None = None,
-            run_id: str | None = None) -> tuple[object, Path, int]:
+            run_id: str | None = None, deliver: str | None = None) -> tuple[object, Path, int]:
     """Run ``cells``; returns (results DataFrame, report folder, exit code)."""
     console = console or Console()
     run_id = run_id or new_run_id()
@@ -36,7 +36,8 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             bar.update(task, advance=1,
                        last=f"{SYMBOL[row['verdict']]} {row['cell_id']} ({row['verdict']})")
 
-        rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, progress=progress)
+        rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
+                         progress=progress)
     df = write_all(rows, run_dir, title)
     unexpected = df[~df["verdict"].isin(["pass", "skip"])]
     return df, run_dir, 1 if len(unexpected) else 0

@@ -42,9 +42,15 @@ class CellContext:
     clients: list[ClientDriver] = field(default_factory=list)
     _sessions: list[Session] | None = None
 
+    front_port: int | None = None  # a fault-injecting proxy in front of the recorder
+
+    @property
+    def port(self) -> int:
+        return self.front_port or self.proxy.port
+
     @property
     def endpoint(self) -> str:
-        return f"127.0.0.1:{self.proxy.port}"
+        return f"127.0.0.1:{self.port}"
 
     @property
     def cache(self) -> bool:
@@ -72,7 +78,7 @@ class CellContext:
         return drv
 
     def ref_client(self, *, knobs=None, dialect: str | None = None) -> RefClient:
-        return RefClient.connect("127.0.0.1", self.proxy.port, dialect or self.client_dialect,
+        return RefClient.connect("127.0.0.1", self.port, dialect or self.client_dialect,
                                  timeout=self.step_timeout, knobs=knobs)
 
     def transcripts(self) -> list[Transcript]:
@@ -125,6 +131,7 @@ class CellContext:
 class Timeouts:
     deadline: float
     idle: float
+    deliver: str | None = None  # fault-injecting delivery plan (harness.transport.chop)
 
 
 def _row(cell: Cell, expect: Expectation, verdict: Verdict, obs: Observation | None,
@@ -174,7 +181,14 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
     # the proxy never times a connection out itself: the watchdog below decides on hangs
     proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
                            deadline=timeouts.deadline + 60).start()
-    ctx = CellContext(cell, client, server, srv, proxy, folder, cache_dir, timeouts.idle)
+    fault = None
+    if timeouts.deliver:
+        from ..transport.chop import Delivery, FaultProxy
+        plan = Delivery.parse(timeouts.deliver)
+        fault = FaultProxy(("127.0.0.1", proxy.port), c2s=plan, s2c=plan,
+                           idle=timeouts.deadline).start()
+    ctx = CellContext(cell, client, server, srv, proxy, folder, cache_dir, timeouts.idle,
+                      front_port=fault.port if fault else None)
     obs: Observation | None = None
     failure: list[str] = []
     hang: str | None = None
@@ -220,6 +234,9 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
                 obs.misconfigured = mis
     finally:
         ctx.kill_clients()
+        if fault is not None:
+            fault.stop()
+            ctx.notes += [f"delivery {timeouts.deliver}: {line}" for line in fault.log[-50:]]
         final = srv.stop()
         if server_exit is None and final.returncode not in (None, 0, -15, 143):
             server_exit = final
@@ -267,9 +284,9 @@ def plan(matrix: Matrix, cells: list[Cell]) -> list[tuple[Cell, Expectation, Ada
 
 
 def run_cells(matrix: Matrix, cells: list[Cell], run_dir: Path, *, run_id: str,
-              workers: int | None = None,
+              workers: int | None = None, deliver: str | None = None,
               progress: Callable[[dict], None] | None = None) -> list[dict]:
-    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout)
+    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout, deliver)
     jobs = plan(matrix, cells)
     rows: list[dict] = []
     with ThreadPoolExecutor(max_workers=workers or matrix.defaults.workers) as pool:

@@ -137,7 +137,10 @@ def judge_abort(ctx: Context, err: ClientAborted, sessions: list[Session]) -> Ob
             Check("rejection names the server's version",
                   facts["server_version"] is not None and facts["server_version"] in msg,
                   msg)])
-    if first is not None and first.server_hello is None and first.exchanges:
+    hello_sent = first is not None and (first.commands[:1] == [Cmd.HELLO] or
+                                        "command=HELLO" in (first.c2s_error or ""))
+    if hello_sent and first.server_hello is None:
+        # the server hung up instead of answering HELLO (possibly before reading all of it)
         return Observation(REJECTED, rejected_by="server",
                            message=msg or "server closed the connection at HELLO", facts=facts)
     sig = f"client-{'abort' if info.aborted else 'exit'}: {msg or info.returncode}"
