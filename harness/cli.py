@@ -197,6 +197,22 @@ def diff(
     raise typer.Exit(0 if d.same else 1)
 
 
+@app.command()
+def profile(
+    design: list[str] = typer.Option([], "--design", help="Designs to profile (default: all)."),
+    size: str = typer.Option("1G", help="Total weights per upload (e.g. 256M, 1G)."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    out: Path = typer.Option(Path("reports"), "--out"),
+):
+    """Model-sized weight upload through every cell, cache off and on: where the time goes."""
+    from .matrix.profile_job import run_profile
+
+    m = _load_matrix(matrix_file)
+    _, code = run_profile(m, design or list(m.designs), out, size=parse_size(size),
+                          console=console)
+    raise typer.Exit(code)
+
+
 def parse_size(text: str) -> int:
     """'512M' -> 536870912; plain integers are bytes."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from . import (alloc, compute, copy_memset, device_info, disconnect, handshake, model_load,
-               roundtrip, two_clients, weights_cache, weights_only)
+from . import (alloc, compute, copy_memset, device_info, disconnect, handshake, load,
+               model_load, roundtrip, two_clients, weights_cache, weights_only)
 
 SCENARIOS = {s.id: s for s in (
     handshake.Handshake(), device_info.DeviceInfo(), alloc.Alloc(), roundtrip.Roundtrip(),
     weights_cache.WeightsCache(), weights_only.WeightsOnly(), compute.Compute(),
     copy_memset.CopyMemset(), disconnect.Disconnect(), two_clients.TwoClients(),
-    model_load.ModelLoad(),
+    model_load.ModelLoad(), load.Load(),
 )}

@@ -52,6 +52,7 @@ class RefClientDriver(ClientDriver):
         self.usage_of: dict[str, str] = {}  # tensor name -> usage of its buffer
         self._next_id = ID_BASE
         self._device_count = 0
+        self._bufts: dict[int, dict] = {}
         self._by_id: dict[int, RpcTensor] = {}
         self._alloc_sizes: dict[tuple, int] = {}
         self._i = 0
@@ -113,8 +114,14 @@ class RefClientDriver(ClientDriver):
         return {"count": self._device_count}  # known since connect, like the C registry
 
     def _op_buffer_type(self, device: int = 0):
-        return {"alignment": self.client.get_alignment(device),
-                "max_size": self.client.get_max_size(device)}
+        return self._buffer_type(device)
+
+    def _buffer_type(self, device: int) -> dict:
+        """ggml_backend_rpc_buffer_type asks for alignment and max size once per device."""
+        if device not in self._bufts:
+            self._bufts[device] = {"alignment": self.client.get_alignment(device),
+                                   "max_size": self.client.get_max_size(device)}
+        return self._bufts[device]
 
     def _op_device_memory(self, device: int = 0):
         free, total = self.client.get_device_memory(device)
@@ -123,6 +130,7 @@ class RefClientDriver(ClientDriver):
     def _op_alloc_buffer(self, name: str, size: int, usage: str = "any", device: int = 0):
         if usage not in USAGES:
             raise ValueError(f"unknown usage {usage!r}")
+        self._buffer_type(device)
         ptr, rsize = self.client.alloc_buffer(size, device)
         if ptr == 0:
             raise ValueError(f"server could not allocate {size} bytes")

@@ -19,6 +19,37 @@ def new_run_id(prefix: str = "run") -> str:
     return f"{prefix}-{_dt.datetime.now().strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
 
+BASELINE = "new-client/new-server"
+
+
+def differential(rows: list[dict], run_dir: Path) -> list[dict]:
+    """Each cell's transcript against the all-new cell of the same design, scenario and cache
+    setting: where the bytes first diverge, and which commands only one side sent."""
+    from ..capture.differ import diff_cells
+
+    by_key: dict[tuple, dict[str, dict]] = {}
+    for r in rows:
+        if r["verdict"] in ("pass", "fail") and r["design"] != "releases":
+            by_key.setdefault((r["design"], r["scenario"], r["cache"]), {})[r["pair"]] = r
+    out = []
+    for (design, scenario, cache), cells in by_key.items():
+        base = cells.get(BASELINE)
+        if base is None:
+            continue
+        for pair, r in cells.items():
+            if pair == BASELINE:
+                continue
+            try:
+                d = diff_cells(run_dir / r["folder"], run_dir / base["folder"], context=0)
+                summary = d.summary()
+            except Exception as e:  # noqa: BLE001 - a missing transcript is reported, not fatal
+                summary = f"could not compare: {e}"
+            out.append({"design": design, "scenario": scenario, "cache": cache, "cell": pair,
+                        "baseline": BASELINE, "summary": summary,
+                        "a": r["folder"], "b": base["folder"]})
+    return out
+
+
 def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             workers: int | None = None, console: Console | None = None,
             run_id: str | None = None, deliver: str | None = None) -> tuple[object, Path, int]:
@@ -38,6 +69,6 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
 
         rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
                          progress=progress)
-    df = write_all(rows, run_dir, title)
+    df = write_all(rows, run_dir, title, diffs=differential(rows, run_dir))
     unexpected = df[~df["verdict"].isin(["pass", "skip"])]
     return df, run_dir, 1 if len(unexpected) else 0

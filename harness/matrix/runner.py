@@ -165,8 +165,9 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
     folder.mkdir(parents=True, exist_ok=True)
     scenario = SCENARIOS[cell.scenario]
 
-    def finish(verdict: Verdict, obs: Observation | None = None) -> dict:
+    def finish(verdict: Verdict, obs: Observation | None = None, load: dict | None = None) -> dict:
         row = _row(cell, expect, verdict, obs, time.monotonic() - t0, client, server, run_id)
+        row["load"] = load or {}
         (folder / "verdict.json").write_text(json.dumps(row, indent=2, default=str))
         return row
 
@@ -244,7 +245,8 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
         _write_artefacts(folder, transcripts, ctx, srv)
     verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
                     server_exit=server_exit)
-    return finish(verdict, obs)
+    load = _load_profile(folder, transcripts, cell)
+    return finish(verdict, obs, load)
 
 
 def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellContext,
@@ -268,6 +270,25 @@ def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellConte
     if ctx.notes:
         logs.append("== notes\n" + "\n".join(ctx.notes))
     (folder / "client.log").write_text("\n\n".join(logs) + "\n")
+
+
+def _load_profile(folder: Path, transcripts: list[Transcript], cell: Cell) -> dict:
+    """The cell's upload profile from the wire; a bytes-over-time plot when it uploaded much."""
+    from ..capture.loadprof import LoadProfile, plot, profile
+
+    if not transcripts:
+        return {}
+    per_conn = [profile(t, t.decode()) for t in transcripts]
+    total = LoadProfile()
+    for p in per_conn:
+        total.merge(p)
+    if total.set_tensor_bytes >= PLOT_BYTES:
+        plot({f"connection {i}": p for i, p in enumerate(per_conn)}, folder / "load.png",
+             title=f"{cell.id}: bytes sent by the client")
+    return total.to_dict()
+
+
+PLOT_BYTES = 1 << 20
 
 
 def plan(matrix: Matrix, cells: list[Cell]) -> list[tuple[Cell, Expectation, Adapter, Adapter]]:

@@ -23,7 +23,7 @@ def frame(rows: list[dict]) -> pd.DataFrame:
 def write_tables(df: pd.DataFrame, out: Path) -> None:
     df.to_json(out / "results.jsonl", orient="records", lines=True, default_handler=str)
     flat = df.copy()
-    for col in ("facts", "checks", "degraded"):
+    for col in ("facts", "checks", "degraded", "load"):
         if col in flat:
             flat[col] = flat[col].map(lambda v: json.dumps(v, default=str))
     flat.to_csv(out / "results.csv", index=False)
@@ -79,6 +79,7 @@ def markdown(df: pd.DataFrame, title: str) -> str:
                     cells.append("")
             out.append(f"| {scen} | {'on' if cache else 'off'} | " + " | ".join(cells) + " |")
         out.append("")
+    out += _load_md(df)
     bad = df[~df["verdict"].isin(["pass", "skip"])]
     if len(bad):
         out.append("## Unexpected")
@@ -96,6 +97,26 @@ def markdown(df: pd.DataFrame, title: str) -> str:
     counts = df["verdict"].value_counts().to_dict()
     out.append("Totals: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
     return "\n".join(out) + "\n"
+
+
+def _load_md(df: pd.DataFrame) -> list[str]:
+    """Per-cell load profile of the cells that uploaded at least 1 MiB."""
+    if "load" not in df:
+        return []
+    rows = [r for _, r in df.iterrows()
+            if isinstance(r["load"], dict) and r["load"].get("set_tensor_bytes", 0) >= 1 << 20]
+    if not rows:
+        return []
+    out = ["## Load profile (from the wire)", "",
+           "| cell | SET_TENSOR | MiB | SET_TENSOR_HASH | hits | MiB hashed by client "
+           "| wire s | hashing s | gaps s |", "|---" * 9 + "|"]
+    for r in rows:
+        p = r["load"]
+        out.append(f"| {r['cell_id']} | {p['set_tensor_calls']} | {p['set_tensor_bytes'] / (1 << 20):.1f}"
+                   f" | {p['hash_calls']} | {p['hash_hits']} | {p['bytes_hashed'] / (1 << 20):.1f}"
+                   f" | {p['wire_seconds']:.3f} | {p['hashing_seconds']:.3f} | {p['gap_seconds']:.3f} |")
+    out.append("")
+    return out
 
 
 def _releases_md(d: pd.DataFrame) -> list[str]:
@@ -119,7 +140,7 @@ def _releases_md(d: pd.DataFrame) -> list[str]:
     return out
 
 
-def write_html(df: pd.DataFrame, out: Path, title: str) -> None:
+def write_html(df: pd.DataFrame, out: Path, title: str, diffs: list[dict] | None = None) -> None:
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
              "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;"
              "margin-bottom:1.5em}td,th{border:1px solid #999;padding:4px 8px;vertical-align:top;"
@@ -150,6 +171,19 @@ def write_html(df: pd.DataFrame, out: Path, title: str) -> None:
                     f"<br><small>{html.escape(str(r['observed'] or ''))}</small></td>")
             parts.append("</tr>")
         parts.append("</table>")
+    if diffs:
+        parts.append("<h2>Differential transcripts</h2><p>Each cell against the new-client/"
+                     "new-server cell of the same design, scenario and cache setting (pointers "
+                     "renamed, timing dropped): the first diverging field and the commands only "
+                     "one side sent. Reproduce with <code>harness diff A B</code>.</p><table>"
+                     "<tr><th>design</th><th>scenario</th><th>cache</th><th>cell</th>"
+                     "<th>difference</th></tr>")
+        for d in diffs:
+            parts.append(f"<tr><td>{html.escape(d['design'])}</td><td>{html.escape(d['scenario'])}"
+                         f"</td><td>{'on' if d['cache'] else 'off'}</td><td><a href='"
+                         f"{html.escape(d['a'])}/'>{html.escape(d['cell'])}</a></td><td><pre>"
+                         f"{html.escape(d['summary'])}</pre></td></tr>")
+        parts.append("</table>")
     parts.append("</body></html>")
     (out / "matrix.html").write_text("".join(parts))
 
@@ -175,11 +209,14 @@ def write_junit(df: pd.DataFrame, out: Path, name: str = "ggml-rpc-matrix") -> N
     ET.ElementTree(suites).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
 
 
-def write_all(rows: list[dict], out: Path, title: str) -> pd.DataFrame:
+def write_all(rows: list[dict], out: Path, title: str,
+              diffs: list[dict] | None = None) -> pd.DataFrame:
     out.mkdir(parents=True, exist_ok=True)
     df = frame(rows)
     write_tables(df, out)
     (out / "matrix.md").write_text(markdown(df, title))
-    write_html(df, out, title)
+    write_html(df, out, title, diffs)
+    if diffs is not None:
+        (out / "diffs.json").write_text(json.dumps(diffs, indent=1))
     write_junit(df, out)
     return df

@@ -1,0 +1,250 @@
+"""Run a :class:`~harness.fuzz.case.Case` on one fresh connection and say what happened.
+
+Fast path (campaigns): fire-and-forget frames are pipelined; bytes are sent in one ``sendall``
+per batch that ends at a frame with a response (or a value to learn), and that response is
+read straight away, so the server never blocks on a full socket while we keep writing.
+Lockstep path (replay, final attribution): one step at a time, and after a step with no
+response a short wait for the connection to end, so the step that killed the server is known
+exactly.
+
+The connection oracle: every response must have exactly the length the spec gives for the
+request it answers; a server that sends bytes when none are due, or neither answers nor
+closes within the deadline while it has a complete request, breaks the spec.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+
+from .case import BASE, HANDLE, Case, relocate
+
+_U64 = struct.Struct("<Q")
+
+# Outcome statuses
+OK = "ok"  # every due response arrived with the right length; the server still listens
+CLOSED = "closed"  # the connection ended (FIN/RST) -- deliberate close or death, see target
+HANG = "hang"  # a due response did not come within the deadline and the connection stayed open
+PROTOCOL = "protocol"  # a response broke the spec (wrong length, bytes when none were due)
+REFUSED = "refused"  # could not even connect
+
+S2C_KEEP = 64 << 10  # response bytes kept for the transcript of a finding
+_SCRATCH = 1 << 16
+
+
+@dataclass
+class Outcome:
+    status: str
+    progress: int = 0  # steps whose bytes were sent and whose responses (if any) all arrived
+    at: int | None = None  # step the status was observed at (None: after the last step)
+    detail: str = ""
+    frames_sent: int = 0
+    bytes_sent: int = 0
+    live: dict = field(default_factory=dict)  # learned handles and bases
+    sent: list[bytes] | None = None  # relocated step bytes (recording runs only)
+    s2c: bytearray | None = None  # response bytes (recording runs only, bounded)
+    elapsed: float = 0.0
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Steps that may have caused what was observed: after the last fully answered step,
+        up to the one being waited for."""
+        end = self.at if self.at is not None else self.progress
+        return self.progress, max(end, self.progress)
+
+
+class _Ended(Exception):
+    def __init__(self, status: str, detail: str):
+        self.status = status
+        self.detail = detail
+
+
+class Executor:
+    """Runs cases against ``host:port``; one instance per worker (it reuses its scratch)."""
+
+    def __init__(self, host: str, port: int, *, deadline: float = 5.0,
+                 connect_timeout: float = 2.0, lockstep_wait: float = 0.05,
+                 close_deadline: float = 1.0):
+        self.host, self.port = host, port
+        self.deadline = deadline
+        self.close_deadline = close_deadline
+        self.connect_timeout = connect_timeout
+        self.lockstep_wait = lockstep_wait
+        self._scratch = bytearray(_SCRATCH)
+        self._view = memoryview(self._scratch)
+
+    # ---------------------------------------------------------------- public
+    def run(self, case: Case, *, lockstep: bool = False, record: bool = False,
+            before_close=None) -> Outcome:
+        """Run ``case`` on a new connection. ``before_close(outcome)`` is called while the
+        connection is still open (for memory sampling), then the socket is closed."""
+        t0 = time.monotonic()
+        out = Outcome(OK, live={HANDLE: [0] * case.n_buffers, BASE: [0] * case.n_buffers})
+        if record:
+            out.sent, out.s2c = [], bytearray()
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
+        except OSError as e:
+            out.status, out.detail, out.at = REFUSED, f"connect: {e}", 0
+            out.elapsed = time.monotonic() - t0
+            return out
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(self.deadline)
+            try:
+                if lockstep:
+                    self._lockstep(sock, case, out)
+                else:
+                    self._pipelined(sock, case, out)
+            except _Ended as e:
+                out.status, out.detail = e.status, e.detail
+            if before_close is not None:
+                before_close(out)
+        finally:
+            _close(sock)
+        out.elapsed = time.monotonic() - t0
+        return out
+
+    # ---------------------------------------------------------------- modes
+    def _pipelined(self, sock: socket.socket, case: Case, out: Outcome) -> None:
+        steps = case.steps
+        pending: list[bytes] = []
+        first = 0  # first step of the pending batch
+        for i, s in enumerate(steps):
+            pending.append(relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame)
+            last = i == len(steps) - 1
+            if not (s.expect or s.learn or s.eof or last):
+                continue
+            self._send(sock, pending, first, out)
+            pending.clear()
+            if s.eof:
+                _shutdown_write(sock)
+            out.at = i
+            for size in s.expect:
+                self._read_response(sock, size, s, out, i)
+            out.progress = i + 1
+            first = i + 1
+        out.at = None
+        if case.protocol_error_at is not None or any(s.eof for s in steps):
+            # The server must close after a refused request or at our EOF: wait for it.
+            self._expect_close(sock, out, len(steps))
+
+    def _lockstep(self, sock: socket.socket, case: Case, out: Outcome) -> None:
+        for i, s in enumerate(case.steps):
+            frame = relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame
+            out.at = i
+            self._send(sock, [frame], i, out)
+            if s.eof:
+                _shutdown_write(sock)
+            for size in s.expect:
+                self._read_response(sock, size, s, out, i)
+            if not s.expect:
+                # Did this step end the connection? A short wait tells the step exactly.
+                self._peek_end(sock, out, s.cmd, self.lockstep_wait)
+            out.progress = i + 1
+        out.at = None
+        if case.protocol_error_at is not None or any(s.eof for s in case.steps):
+            self._expect_close(sock, out, len(case.steps))
+
+    # ---------------------------------------------------------------- I/O
+    def _send(self, sock, parts: list[bytes], first: int, out: Outcome) -> None:
+        data = parts[0] if len(parts) == 1 else b"".join(parts)
+        try:
+            sock.sendall(data)
+        except (BrokenPipeError, ConnectionResetError, ConnectionAbortedError) as e:
+            raise _Ended(CLOSED, f"send: {type(e).__name__}") from None
+        except TimeoutError:
+            # The server stopped reading (busy or stuck) with our bytes unsent.
+            raise _Ended(HANG, f"send blocked for {self.deadline:g} s") from None
+        out.frames_sent += len(parts)
+        out.bytes_sent += len(data)
+        if out.sent is not None:
+            out.sent.append(data)
+
+    def _recv_into(self, sock, view: memoryview, out: Outcome, step_i: int, what: str) -> int:
+        try:
+            n = sock.recv_into(view)
+        except TimeoutError:
+            raise _Ended(HANG, f"no {what} within {self.deadline:g} s") from None
+        except (ConnectionResetError, ConnectionAbortedError):
+            raise _Ended(CLOSED, "reset") from None
+        if n == 0:
+            raise _Ended(CLOSED, "eof")
+        if out.s2c is not None and len(out.s2c) < S2C_KEEP:
+            out.s2c += view[:min(n, S2C_KEEP - len(out.s2c))]
+        return n
+
+    def _read_exact(self, sock, n: int, out: Outcome, step_i: int, what: str) -> memoryview:
+        """Read exactly ``n`` (<= scratch) bytes into the scratch buffer."""
+        got = 0
+        while got < n:
+            got += self._recv_into(sock, self._view[got:n], out, step_i, what)
+        return self._view[:n]
+
+    def _read_response(self, sock, size: int, s, out: Outcome, step_i: int) -> None:
+        head = self._read_exact(sock, 8, out, step_i, f"answer to {s.cmd}")
+        (n,) = _U64.unpack_from(head)
+        if n != size:
+            raise _Ended(PROTOCOL, f"{s.cmd} answered with a {n}-byte payload, the spec says "
+                                   f"{size}")
+        if s.learn is not None and n == 8:
+            kind, index = s.learn
+            value = _U64.unpack_from(self._read_exact(sock, 8, out, step_i, "payload"))[0]
+            out.live[kind][index] = value
+            return
+        if s.learn is not None and n == 16:  # ALLOC_BUFFER: remote_ptr, remote_size
+            kind, index = s.learn
+            value = _U64.unpack_from(self._read_exact(sock, 16, out, step_i, "payload"))[0]
+            out.live[kind][index] = value
+            return
+        left = n
+        while left:  # discard (GET_TENSOR data can be large); bounded by the deadline
+            left -= self._recv_into(sock, self._view[:min(left, _SCRATCH)], out, step_i,
+                                    "payload")
+
+    def _peek_end(self, sock, out: Outcome, cmd: str, wait: float) -> None:
+        r, _, _ = select.select([sock], [], [], wait)
+        if not r:
+            return
+        try:
+            n = sock.recv_into(self._view[:_SCRATCH])
+        except (ConnectionResetError, ConnectionAbortedError):
+            raise _Ended(CLOSED, "reset") from None
+        except (BlockingIOError, TimeoutError):
+            return
+        if n == 0:
+            raise _Ended(CLOSED, "eof")
+        if out.s2c is not None:
+            out.s2c += self._view[:min(n, max(0, S2C_KEEP - len(out.s2c)))]
+        raise _Ended(PROTOCOL, f"{n} bytes arrived after {cmd} although no answer was due")
+
+    def _expect_close(self, sock, out: Outcome, n_steps: int) -> None:
+        """After a refused request or our EOF the spec says CLOSE (spec 1.6, 7)."""
+        out.at = n_steps
+        sock.settimeout(self.close_deadline)
+        try:
+            self._read_exact(sock, 1, out, n_steps, "close")
+        except _Ended as e:
+            if e.status == CLOSED:
+                out.at = None
+                raise
+            raise _Ended(PROTOCOL, f"connection still open {self.close_deadline:g} s after a "
+                                   "request the server must refuse") from None
+        raise _Ended(PROTOCOL, "bytes arrived after a request the server must refuse")
+
+
+def _shutdown_write(sock) -> None:
+    try:
+        sock.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass
+
+
+def _close(sock) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass

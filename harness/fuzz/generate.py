@@ -1,0 +1,394 @@
+"""Hypothesis strategy for whole fuzz cases: a model-based session with mutated steps mixed in.
+
+A case is one connection. Its shape follows a small model of the server's per-connection
+state (spec 8) -- the buffers it allocated and freed, the tensors it wrote, whether a graph is
+stored -- so later steps use real handles, real bases (learned on the wire, see
+:mod:`harness.fuzz.case`) and tensors that lie inside them:
+
+    HELLO, ALLOC_BUFFER + BUFFER_GET_BASE per buffer, then a body of rules
+    (set/get/memset/copy/init tensors, clear/alloc/free buffers, compute/recompute graphs,
+    device queries) interleaved with structured mutations from :mod:`harness.strategies`
+    (framing, flag and field mutations relative to the live buffers), then a probe.
+
+Every decision is a hypothesis draw, so a failing case shrinks: fewer steps, simpler rules,
+simpler values. Choices are ordered so that shrinking moves towards "valid" (a mutation is the
+*last* value of its choice, rule 0 is the cheapest query). Valid steps are packed directly
+(a few small draws each) because generic message strategies cost ~0.4 ms a draw; mutations
+use the shared strategies, whose descriptions feed the coverage table.
+
+The only knowledge of the server in here is the protocol itself; nothing targets known bugs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from hypothesis import strategies as st
+
+from ..proto import Cmd, RpcTensor, get_dialect, ggml, nbytes, pack_request
+from ..proto import messages as m
+from ..proto.dialects import Dialect
+from . import strategies as rst
+from .case import BASE, HANDLE, Case, annotate, sentinel, step
+
+MAX_BUFFERS = 6
+BUFFER_SIZES = (256, 1024, 4096, 32, 65536, 0)  # shrinks towards 256
+# Types whose blocks are small enough for the buffers above; f32 first (the simplest).
+_TYPES = (ggml.TYPE_F32, ggml.TYPE_F16, 2, 8, 26, 24, 30, 10, 12)  # q4_0 q8_0 i32 i8 bf16 q2_K q4_K
+_ALIGN = 32
+_PROBE = m.GetAlignmentRequest(0)
+
+
+@lru_cache(maxsize=1 << 16)
+def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
+    """st.integers, built once per range: building a strategy costs as much as drawing it."""
+    return st.integers(lo, hi)
+
+
+@lru_cache(maxsize=4096)
+def _pick(items: tuple) -> st.SearchStrategy:
+    return st.sampled_from(items)
+
+
+@lru_cache(maxsize=128)
+def _blob(n: int) -> st.SearchStrategy[bytes]:
+    return st.binary(min_size=n, max_size=n)
+
+
+_BOOL = st.booleans()
+
+
+def _region(i: int, size: int) -> rst.BufferRegion:
+    return rst.BufferRegion(sentinel(HANDLE, i), sentinel(BASE, i), size)
+
+
+class _Model:
+    """What the client believes the server holds on this connection."""
+
+    def __init__(self):
+        self.regions: list[rst.BufferRegion] = []
+        self.alive: list[bool] = []
+        self.tensors: list[RpcTensor] = []  # written tensors (in live buffers when written)
+        self.graph_stored = False
+        self.next_id = 0x1000
+
+    def new_id(self) -> int:
+        self.next_id += 0x10
+        return self.next_id
+
+    def live(self) -> tuple[int, ...]:
+        return tuple(i for i, a in enumerate(self.alive) if a)
+
+
+# ---------------------------------------------------------------- tensors
+
+def _tensor_in(draw, model: _Model, i: int) -> RpcTensor:
+    """A fresh tensor lying inside buffer ``i`` (contiguous, aligned offset)."""
+    region = model.regions[i]
+    type_id = draw(_pick(_TYPES))
+    t = ggml.TYPES[type_id]
+    ne = (t.blck_size * draw(_ints(1, 8)), draw(_ints(1, 4)), 1, 1)
+    rec = RpcTensor.make(id=model.new_id(), type=type_id, ne=ne)
+    n = nbytes(rec)
+    if n > region.size:  # shrink to one row, then to nothing
+        ne = (t.blck_size, 1, 1, 1)
+        rec = rec.with_(ne=ne, nb=ggml.contiguous_strides(type_id, ne))
+        n = nbytes(rec)
+        if n > region.size:
+            ne = (0, 1, 1, 1)
+            rec = rec.with_(ne=ne, nb=ggml.contiguous_strides(type_id, ne))
+            n = 0
+    slots = (region.size - n) // _ALIGN
+    offset = draw(_ints(0, slots)) * _ALIGN if slots else 0
+    return rec.with_(buffer=region.handle, data=region.base + offset)
+
+
+def _pick_tensor(draw, model: _Model) -> RpcTensor:
+    """A tensor written earlier, or a fresh one in a live buffer."""
+    live = model.live()
+    known = [t for t in model.tensors if _owner(model, t) in live]
+    if known and draw(_BOOL):
+        return draw(_pick(tuple(known)))
+    return _tensor_in(draw, model, draw(_pick(tuple(live))))
+
+
+def _owner(model: _Model, t: RpcTensor) -> int:
+    for i, r in enumerate(model.regions):
+        if r.handle == t.buffer:
+            return i
+    return -1
+
+
+def _span(draw, n: int, cap: int = 4096) -> tuple[int, int]:
+    offset = draw(_ints(0, n))
+    return offset, draw(_ints(0, min(n - offset, cap)))
+
+
+# ---------------------------------------------------------------- rules
+
+def _frame(d: Dialect, msg) -> bytes:
+    return pack_request(d, msg)
+
+
+def _rule_query(draw, d, model):
+    cmd = draw(_pick((Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY,
+                                Cmd.DEVICE_COUNT)))
+    msg = m.DeviceCountRequest() if cmd is Cmd.DEVICE_COUNT else \
+        {Cmd.GET_ALIGNMENT: m.GetAlignmentRequest, Cmd.GET_MAX_SIZE: m.GetMaxSizeRequest,
+         Cmd.GET_DEVICE_MEMORY: m.GetDeviceMemoryRequest}[cmd](0)
+    return [step(_frame(d, msg), cmd.value)]
+
+
+def _rule_alloc(draw, d, model):
+    if len(model.regions) >= MAX_BUFFERS:
+        return _rule_query(draw, d, model)
+    return _alloc_steps(draw, d, model)
+
+
+def _alloc_steps(draw, d, model) -> list:
+    i = len(model.regions)
+    size = draw(_pick(BUFFER_SIZES))
+    model.regions.append(_region(i, size))
+    model.alive.append(True)
+    return [step(_frame(d, m.AllocBufferRequest(0, size)), Cmd.ALLOC_BUFFER.value,
+                 learn=(HANDLE, i)),
+            step(_frame(d, m.BufferGetBaseRequest(model.regions[i].handle)),
+                 Cmd.BUFFER_GET_BASE.value, learn=(BASE, i))]
+
+
+def _rule_free(draw, d, model):
+    live = model.live()
+    if len(live) < 2:  # keep one buffer for the other rules
+        return _rule_clear(draw, d, model)
+    i = draw(_pick(tuple(live)))
+    model.alive[i] = False
+    model.graph_stored = False  # FREE_BUFFER forgets stored graphs (spec 5.4)
+    return [step(_frame(d, m.FreeBufferRequest(model.regions[i].handle)), Cmd.FREE_BUFFER.value)]
+
+
+def _rule_clear(draw, d, model):
+    i = draw(_pick(model.live()))
+    return [step(_frame(d, m.BufferClearRequest(model.regions[i].handle,
+                                                draw(_ints(0, 255)))),
+                 Cmd.BUFFER_CLEAR.value)]
+
+
+def _rule_set(draw, d, model):
+    t = _pick_tensor(draw, model)
+    offset, size = _span(draw, nbytes(t))
+    data = draw(_blob(size)) if size <= 64 else \
+        bytes([draw(_ints(0, 255))]) * size  # big payloads: one drawn byte, repeated
+    if t not in model.tensors:
+        model.tensors.append(t)
+    msg = m.SetTensorRequest(tensor=t, offset=offset, data=data)
+    return [step(_frame(d, msg), Cmd.SET_TENSOR.value)]
+
+
+def _rule_get(draw, d, model):
+    t = _pick_tensor(draw, model)
+    offset, size = _span(draw, nbytes(t))
+    return [step(_frame(d, m.GetTensorRequest(t, offset, size)), Cmd.GET_TENSOR.value)]
+
+
+def _rule_memset(draw, d, model):
+    if not d.has(Cmd.MEMSET_TENSOR):
+        return _rule_get(draw, d, model)
+    t = _pick_tensor(draw, model)
+    offset, size = _span(draw, nbytes(t), 1 << 20)
+    msg = m.MemsetTensorRequest(t, offset, size, draw(_ints(0, 255)))
+    return [step(_frame(d, msg), Cmd.MEMSET_TENSOR.value)]
+
+
+def _rule_copy(draw, d, model):
+    src = _pick_tensor(draw, model)
+    j = draw(_pick(model.live()))
+    dst = _tensor_in(draw, model, j)
+    if nbytes(dst) < nbytes(src) or dst.type != src.type:
+        dst = dst.with_(type=src.type, ne=src.ne, nb=src.nb)
+        region = model.regions[j]
+        if dst.data + nbytes(src) > region.end:
+            dst = dst.with_(data=region.base)
+    return [step(_frame(d, m.CopyTensorRequest(src, dst)), Cmd.COPY_TENSOR.value)]
+
+
+def _rule_init(draw, d, model):
+    t = _pick_tensor(draw, model)
+    if draw(_BOOL):
+        t = t.with_(buffer=0, data=0)  # the "null buffer" path
+    return [step(_frame(d, m.InitTensorRequest(t)), Cmd.INIT_TENSOR.value)]
+
+
+def _rule_alloc_size(draw, d, model):
+    t = _pick_tensor(draw, model)
+    if draw(_BOOL):
+        t = t.with_(buffer=0, data=0)  # asked before allocation
+    op = draw(_pick((0, ggml.OP["ADD"], ggml.OP["MUL_MAT"], ggml.OP["CPY"])))
+    msg = m.GetAllocSizeRequest(0, t.with_(op=op), (RpcTensor.null(),) * 10)
+    return [step(_frame(d, msg), Cmd.GET_ALLOC_SIZE.value)]
+
+
+def _rule_hash(draw, d, model):
+    t = _pick_tensor(draw, model)
+    msg = m.SetTensorHashRequest(t, 0, draw(_ints(0, (1 << 64) - 1)))
+    return [step(_frame(d, msg), Cmd.SET_TENSOR_HASH.value)]
+
+
+_ELEMENTWISE = (ggml.OP["ADD"], ggml.OP["MUL"], ggml.OP["SUB"], ggml.OP["DIV"])
+
+
+def _rule_graph(draw, d, model):
+    i = draw(_pick(model.live()))
+    region = model.regions[i]
+    model.graph_stored = True
+    if draw(_ints(0, 3)) == 3:
+        # The shared strategy's graphs: DAGs with views, any dialect's uid rules.
+        g = draw(_graphs(d.name, region))
+        return [step(_frame(d, g), Cmd.GRAPH_COMPUTE.value)]
+    # A chain of same-shape elementwise f32 nodes over two leaves, all inside buffer i: what
+    # a real client sends for a small model graph, at a fraction of the strategy's cost.
+    n_nodes = draw(_ints(1, 4))
+    ne0 = draw(_ints(1, 16))
+    per = ne0 * 4
+    fits = region.size >= per * (n_nodes + 2)
+    leaves = []
+    for k in range(2):
+        leaves.append(RpcTensor.make(id=model.new_id(), ne=(ne0,), name=f"leaf_{k}",
+                                     buffer=region.handle if fits else 0,
+                                     data=region.base + k * per if fits else 0))
+    prev, nodes = leaves[0], []
+    for k in range(n_nodes):
+        node = RpcTensor.make(id=model.new_id(), ne=(ne0,), op=draw(_pick(_ELEMENTWISE)),
+                              flags=ggml.FLAG_COMPUTE, src=(prev.id, leaves[1].id),
+                              buffer=region.handle if fits else 0, name=f"node_{k}",
+                              data=region.base + (k + 2) * per if fits else 0, use_count=1)
+        nodes.append(node)
+        prev = node
+    g = m.GraphComputeRequest(device=0, nodes=tuple(n.id for n in nodes),
+                              tensors=tuple(leaves + nodes))
+    return [step(_frame(d, g), Cmd.GRAPH_COMPUTE.value)]
+
+
+@lru_cache(maxsize=1024)
+def _graphs(dialect: str, region: rst.BufferRegion) -> st.SearchStrategy:
+    return rst.graphs(dialect, shape="valid", buffers=[region], max_nodes=4)
+
+
+def _rule_recompute(draw, d, model):
+    if not model.graph_stored:
+        return _rule_graph(draw, d, model)
+    msg = m.GraphRecomputeRequest(0)
+    if d.graph_uid:
+        return _rule_graph(draw, d, model)  # uids are the graph strategy's business
+    return [step(_frame(d, msg), Cmd.GRAPH_RECOMPUTE.value)]
+
+
+def _rule_other(draw, d, model):
+    """A valid request of a command the rules above do not model (dialect extras)."""
+    extra = _extra_cmds(d)
+    if not extra:
+        return _rule_query(draw, d, model)
+    cmd = draw(_pick(extra))
+    live = tuple(model.regions[i] for i in model.live())
+    msg = draw(_messages(d.name, cmd, live))
+    return [step(_frame(d, msg), cmd.value)]
+
+
+_RULES = (_rule_query, _rule_set, _rule_get, _rule_memset, _rule_clear, _rule_copy,
+          _rule_init, _rule_alloc_size, _rule_hash, _rule_graph, _rule_recompute, _rule_alloc,
+          _rule_free, _rule_other)
+_MODELLED = {Cmd.HELLO, Cmd.DEVICE_COUNT, Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE,
+             Cmd.GET_DEVICE_MEMORY, Cmd.ALLOC_BUFFER, Cmd.BUFFER_GET_BASE, Cmd.FREE_BUFFER,
+             Cmd.BUFFER_CLEAR, Cmd.SET_TENSOR, Cmd.SET_TENSOR_HASH, Cmd.GET_TENSOR,
+             Cmd.COPY_TENSOR, Cmd.GRAPH_COMPUTE, Cmd.INIT_TENSOR, Cmd.GET_ALLOC_SIZE,
+             Cmd.GRAPH_RECOMPUTE, Cmd.MEMSET_TENSOR}
+
+
+def _extra_cmds(d: Dialect) -> tuple[Cmd, ...]:
+    return _extra_cmds_of(d.name)
+
+
+@lru_cache(maxsize=None)  # keyed by name: Dialect objects are not hashable
+def _extra_cmds_of(name: str) -> tuple[Cmd, ...]:
+    d = get_dialect(name)
+    # COMM_INIT makes a real 8.0.0 server listen/connect on other ports: not from a fuzzer.
+    return tuple(c for _, c in sorted(d.ids.items())
+                 if c not in _MODELLED and c is not Cmd.COMM_INIT)
+
+
+@lru_cache(maxsize=4096)
+def _messages(dialect: str, cmd: Cmd, regions: tuple) -> st.SearchStrategy:
+    return rst.messages(dialect, cmd, buffers=regions or None)
+
+
+# ---------------------------------------------------------------- mutations
+
+@lru_cache(maxsize=4096)
+def _body_mutations(dialect: str, regions: tuple) -> st.SearchStrategy[rst.Mutation]:
+    """Request-side mutations placed after HELLO, relative to ``regions`` (sentinels)."""
+    d = get_dialect(dialect)
+    buffers = regions or None
+    parts = [rst.framing_mutations(d, buffers=buffers), rst.field_mutations(d, buffers=buffers)]
+    if d.cache_flag:
+        parts.append(rst.flag_mutations(d, what="cache_flag", buffers=buffers))
+    return st.one_of(parts)
+
+
+@lru_cache(maxsize=None)
+def _opening_mutations(dialect: str) -> st.SearchStrategy[rst.Mutation]:
+    """Mutations that replace the connection's first frame (HELLO length, HELLO missing,
+    the client's conn_caps)."""
+    d = get_dialect(dialect)
+    parts = [rst.framing_mutations(d, cmd=Cmd.HELLO),
+             rst.framing_mutations(d, cmd=Cmd.GET_ALIGNMENT, what="hello_missing")]
+    if d.hello_caps:
+        parts.append(rst.flag_mutations(d, what="client_conn_caps"))
+    return st.one_of(parts)
+
+
+def _mutation_step(mut: rst.Mutation):
+    desc = mut.description
+    return step(mut.data, desc["cmd"], desc=desc, eof=bool(desc.get("eof")))
+
+
+# ---------------------------------------------------------------- cases
+
+@st.composite
+def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
+          max_mutations: int = 3, mutation_odds: int = 8) -> Case:
+    """One connection's worth of steps (see the module docstring).
+
+    ``mutation_odds``: each body step is a mutation with probability 1/``mutation_odds``
+    (at most ``max_mutations``); 0 gives valid sessions only.
+    """
+    d = get_dialect(dialect)
+    model = _Model()
+    steps = []
+    opening = draw(_ints(0, 9)) == 9 if mutation_odds else False
+    if opening:
+        mut = draw(_opening_mutations(d.name))
+        steps.append(_mutation_step(mut))
+        if mut.description["what"] != "client_conn_caps":
+            # The server must refuse this connection: nothing after it would be read.
+            steps.append(step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value))
+            return annotate(d, tuple(steps), meta={"mutations": [mut.description]})
+    else:
+        steps.append(step(rst.hello_request_frame(d), Cmd.HELLO.value))
+    for _ in range(draw(_ints(1, 3))):
+        steps += _alloc_steps(draw, d, model)
+    mutations = []
+    n_body = draw(_ints(0, max_steps))
+    for _ in range(n_body):
+        if mutation_odds and len(mutations) < max_mutations and \
+                draw(_ints(0, mutation_odds - 1)) == mutation_odds - 1:
+            regions = tuple(model.regions)
+            mut = draw(_body_mutations(d.name, regions))
+            mutations.append(mut.description)
+            steps.append(_mutation_step(mut))
+            continue
+        rule = _RULES[draw(_ints(0, len(_RULES) - 1))]
+        if not model.live():
+            rule = _rule_alloc
+        steps += rule(draw, d, model)
+    steps.append(step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value))
+    return annotate(d, tuple(steps), meta={"mutations": mutations})
+
