@@ -50,14 +50,6 @@ def _pick(items: tuple) -> st.SearchStrategy:
     return st.sampled_from(items)
 
 
-@lru_cache(maxsize=128)
-def _blob(n: int) -> st.SearchStrategy[bytes]:
-    return st.binary(min_size=n, max_size=n)
-
-
-_BOOL = st.booleans()
-
-
 def _region(i: int, size: int) -> rst.BufferRegion:
     return rst.BufferRegion(sentinel(HANDLE, i), sentinel(BASE, i), size)
 
@@ -80,14 +72,53 @@ class _Model:
         return tuple(i for i, a in enumerate(self.alive) if a)
 
 
+class _Choices:
+    """Sub-choices of one valid step, decoded from a single drawn integer (mixed radix).
+
+    One hypothesis draw costs ~30 us, so a valid step draws twice (rule, choices) instead of
+    once per field. Shrinking still works: the integer shrinks towards 0, and digit 0 is the
+    simplest option of every sub-choice (first type, offset 0, empty span...).
+    """
+
+    __slots__ = ("v",)
+
+    def __init__(self, v: int):
+        self.v = v
+
+    def int(self, lo: int, hi: int) -> int:
+        n = hi - lo + 1
+        if n <= 1:
+            return lo
+        r = self.v % n
+        self.v //= n
+        return lo + r
+
+    def pick(self, items):
+        return items[self.int(0, len(items) - 1)]
+
+    def bool(self) -> bool:
+        return bool(self.int(0, 1))
+
+    def blob(self, n: int) -> bytes:
+        """``n`` bytes from the remaining digits (a byte pattern, repeated)."""
+        if n == 0:
+            return b""
+        seed = self.v.to_bytes(8, "little") if self.v else b"\0"
+        self.v = 0
+        return (seed * (n // len(seed) + 1))[:n]
+
+
+_CHOICES = st.integers(0, (1 << 64) - 1)
+
+
 # ---------------------------------------------------------------- tensors
 
-def _tensor_in(draw, model: _Model, i: int) -> RpcTensor:
+def _tensor_in(c: _Choices, model: _Model, i: int) -> RpcTensor:
     """A fresh tensor lying inside buffer ``i`` (contiguous, aligned offset)."""
     region = model.regions[i]
-    type_id = draw(_pick(_TYPES))
+    type_id = c.pick(_TYPES)
     t = ggml.TYPES[type_id]
-    ne = (t.blck_size * draw(_ints(1, 8)), draw(_ints(1, 4)), 1, 1)
+    ne = (t.blck_size * c.int(1, 8), c.int(1, 4), 1, 1)
     rec = RpcTensor.make(id=model.new_id(), type=type_id, ne=ne)
     n = nbytes(rec)
     if n > region.size:  # shrink to one row, then to nothing
@@ -99,17 +130,17 @@ def _tensor_in(draw, model: _Model, i: int) -> RpcTensor:
             rec = rec.with_(ne=ne, nb=ggml.contiguous_strides(type_id, ne))
             n = 0
     slots = (region.size - n) // _ALIGN
-    offset = draw(_ints(0, slots)) * _ALIGN if slots else 0
-    return rec.with_(buffer=region.handle, data=region.base + offset)
+    return rec.with_(buffer=region.handle, data=region.base + c.int(0, slots) * _ALIGN)
 
 
-def _pick_tensor(draw, model: _Model) -> RpcTensor:
-    """A tensor written earlier, or a fresh one in a live buffer."""
+def _pick_tensor(c: _Choices, model: _Model) -> RpcTensor:
+    """A tensor written earlier (still in a live buffer), or a fresh one in a live buffer."""
     live = model.live()
-    known = [t for t in model.tensors if _owner(model, t) in live]
-    if known and draw(_BOOL):
-        return draw(_pick(tuple(known)))
-    return _tensor_in(draw, model, draw(_pick(tuple(live))))
+    if model.tensors and c.bool():
+        known = [t for t in model.tensors if _owner(model, t) in live]
+        if known:
+            return c.pick(known)
+    return _tensor_in(c, model, c.pick(live))
 
 
 def _owner(model: _Model, t: RpcTensor) -> int:
@@ -119,35 +150,38 @@ def _owner(model: _Model, t: RpcTensor) -> int:
     return -1
 
 
-def _span(draw, n: int, cap: int = 4096) -> tuple[int, int]:
-    offset = draw(_ints(0, n))
-    return offset, draw(_ints(0, min(n - offset, cap)))
+def _span(c: _Choices, n: int, cap: int = 4096) -> tuple[int, int]:
+    offset = c.int(0, n)
+    return offset, c.int(0, min(n - offset, cap))
 
 
 # ---------------------------------------------------------------- rules
+# Each rule: (choices, draw, dialect, model) -> steps. ``draw`` is only for the few parts that
+# come from shared strategies (rich graphs, dialect extras).
 
 def _frame(d: Dialect, msg) -> bytes:
     return pack_request(d, msg)
 
 
-def _rule_query(draw, d, model):
-    cmd = draw(_pick((Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY,
-                                Cmd.DEVICE_COUNT)))
-    msg = m.DeviceCountRequest() if cmd is Cmd.DEVICE_COUNT else \
-        {Cmd.GET_ALIGNMENT: m.GetAlignmentRequest, Cmd.GET_MAX_SIZE: m.GetMaxSizeRequest,
-         Cmd.GET_DEVICE_MEMORY: m.GetDeviceMemoryRequest}[cmd](0)
+_QUERIES = (Cmd.GET_ALIGNMENT, Cmd.GET_MAX_SIZE, Cmd.GET_DEVICE_MEMORY, Cmd.DEVICE_COUNT)
+_DEVICE_REQUESTS = {Cmd.GET_ALIGNMENT: m.GetAlignmentRequest, Cmd.GET_MAX_SIZE: m.GetMaxSizeRequest,
+                    Cmd.GET_DEVICE_MEMORY: m.GetDeviceMemoryRequest}
+
+
+def _rule_query(c, draw, d, model):
+    cmd = c.pick(_QUERIES)
+    msg = m.DeviceCountRequest() if cmd is Cmd.DEVICE_COUNT else _DEVICE_REQUESTS[cmd](0)
     return [step(_frame(d, msg), cmd.value)]
 
 
-def _rule_alloc(draw, d, model):
+def _rule_alloc(c, draw, d, model):
     if len(model.regions) >= MAX_BUFFERS:
-        return _rule_query(draw, d, model)
-    return _alloc_steps(draw, d, model)
+        return _rule_query(c, draw, d, model)
+    return _alloc_steps(c.pick(BUFFER_SIZES), d, model)
 
 
-def _alloc_steps(draw, d, model) -> list:
+def _alloc_steps(size: int, d, model) -> list:
     i = len(model.regions)
-    size = draw(_pick(BUFFER_SIZES))
     model.regions.append(_region(i, size))
     model.alive.append(True)
     return [step(_frame(d, m.AllocBufferRequest(0, size)), Cmd.ALLOC_BUFFER.value,
@@ -156,53 +190,50 @@ def _alloc_steps(draw, d, model) -> list:
                  Cmd.BUFFER_GET_BASE.value, learn=(BASE, i))]
 
 
-def _rule_free(draw, d, model):
+def _rule_free(c, draw, d, model):
     live = model.live()
     if len(live) < 2:  # keep one buffer for the other rules
-        return _rule_clear(draw, d, model)
-    i = draw(_pick(tuple(live)))
+        return _rule_clear(c, draw, d, model)
+    i = c.pick(live)
     model.alive[i] = False
     model.graph_stored = False  # FREE_BUFFER forgets stored graphs (spec 5.4)
     return [step(_frame(d, m.FreeBufferRequest(model.regions[i].handle)), Cmd.FREE_BUFFER.value)]
 
 
-def _rule_clear(draw, d, model):
-    i = draw(_pick(model.live()))
-    return [step(_frame(d, m.BufferClearRequest(model.regions[i].handle,
-                                                draw(_ints(0, 255)))),
+def _rule_clear(c, draw, d, model):
+    i = c.pick(model.live())
+    return [step(_frame(d, m.BufferClearRequest(model.regions[i].handle, c.int(0, 255))),
                  Cmd.BUFFER_CLEAR.value)]
 
 
-def _rule_set(draw, d, model):
-    t = _pick_tensor(draw, model)
-    offset, size = _span(draw, nbytes(t))
-    data = draw(_blob(size)) if size <= 64 else \
-        bytes([draw(_ints(0, 255))]) * size  # big payloads: one drawn byte, repeated
+def _rule_set(c, draw, d, model):
+    t = _pick_tensor(c, model)
+    offset, size = _span(c, nbytes(t))
     if t not in model.tensors:
         model.tensors.append(t)
-    msg = m.SetTensorRequest(tensor=t, offset=offset, data=data)
+    msg = m.SetTensorRequest(tensor=t, offset=offset, data=c.blob(size))
     return [step(_frame(d, msg), Cmd.SET_TENSOR.value)]
 
 
-def _rule_get(draw, d, model):
-    t = _pick_tensor(draw, model)
-    offset, size = _span(draw, nbytes(t))
+def _rule_get(c, draw, d, model):
+    t = _pick_tensor(c, model)
+    offset, size = _span(c, nbytes(t))
     return [step(_frame(d, m.GetTensorRequest(t, offset, size)), Cmd.GET_TENSOR.value)]
 
 
-def _rule_memset(draw, d, model):
+def _rule_memset(c, draw, d, model):
     if not d.has(Cmd.MEMSET_TENSOR):
-        return _rule_get(draw, d, model)
-    t = _pick_tensor(draw, model)
-    offset, size = _span(draw, nbytes(t), 1 << 20)
-    msg = m.MemsetTensorRequest(t, offset, size, draw(_ints(0, 255)))
+        return _rule_get(c, draw, d, model)
+    t = _pick_tensor(c, model)
+    offset, size = _span(c, nbytes(t), 1 << 20)
+    msg = m.MemsetTensorRequest(t, offset, size, c.int(0, 255))
     return [step(_frame(d, msg), Cmd.MEMSET_TENSOR.value)]
 
 
-def _rule_copy(draw, d, model):
-    src = _pick_tensor(draw, model)
-    j = draw(_pick(model.live()))
-    dst = _tensor_in(draw, model, j)
+def _rule_copy(c, draw, d, model):
+    src = _pick_tensor(c, model)
+    j = c.pick(model.live())
+    dst = _tensor_in(c, model, j)
     if nbytes(dst) < nbytes(src) or dst.type != src.type:
         dst = dst.with_(type=src.type, ne=src.ne, nb=src.nb)
         region = model.regions[j]
@@ -211,43 +242,45 @@ def _rule_copy(draw, d, model):
     return [step(_frame(d, m.CopyTensorRequest(src, dst)), Cmd.COPY_TENSOR.value)]
 
 
-def _rule_init(draw, d, model):
-    t = _pick_tensor(draw, model)
-    if draw(_BOOL):
+def _rule_init(c, draw, d, model):
+    t = _pick_tensor(c, model)
+    if c.bool():
         t = t.with_(buffer=0, data=0)  # the "null buffer" path
     return [step(_frame(d, m.InitTensorRequest(t)), Cmd.INIT_TENSOR.value)]
 
 
-def _rule_alloc_size(draw, d, model):
-    t = _pick_tensor(draw, model)
-    if draw(_BOOL):
+_ALLOC_SIZE_OPS = (0, ggml.OP["ADD"], ggml.OP["MUL_MAT"], ggml.OP["CPY"])
+
+
+def _rule_alloc_size(c, draw, d, model):
+    t = _pick_tensor(c, model)
+    if c.bool():
         t = t.with_(buffer=0, data=0)  # asked before allocation
-    op = draw(_pick((0, ggml.OP["ADD"], ggml.OP["MUL_MAT"], ggml.OP["CPY"])))
-    msg = m.GetAllocSizeRequest(0, t.with_(op=op), (RpcTensor.null(),) * 10)
+    msg = m.GetAllocSizeRequest(0, t.with_(op=c.pick(_ALLOC_SIZE_OPS)), (RpcTensor.null(),) * 10)
     return [step(_frame(d, msg), Cmd.GET_ALLOC_SIZE.value)]
 
 
-def _rule_hash(draw, d, model):
-    t = _pick_tensor(draw, model)
-    msg = m.SetTensorHashRequest(t, 0, draw(_ints(0, (1 << 64) - 1)))
+def _rule_hash(c, draw, d, model):
+    t = _pick_tensor(c, model)
+    msg = m.SetTensorHashRequest(t, 0, c.int(0, (1 << 32) - 1))
     return [step(_frame(d, msg), Cmd.SET_TENSOR_HASH.value)]
 
 
 _ELEMENTWISE = (ggml.OP["ADD"], ggml.OP["MUL"], ggml.OP["SUB"], ggml.OP["DIV"])
 
 
-def _rule_graph(draw, d, model):
-    i = draw(_pick(model.live()))
+def _rule_graph(c, draw, d, model):
+    i = c.pick(model.live())
     region = model.regions[i]
     model.graph_stored = True
-    if draw(_ints(0, 3)) == 3:
+    if c.int(0, 3) == 3:
         # The shared strategy's graphs: DAGs with views, any dialect's uid rules.
         g = draw(_graphs(d.name, region))
         return [step(_frame(d, g), Cmd.GRAPH_COMPUTE.value)]
     # A chain of same-shape elementwise f32 nodes over two leaves, all inside buffer i: what
     # a real client sends for a small model graph, at a fraction of the strategy's cost.
-    n_nodes = draw(_ints(1, 4))
-    ne0 = draw(_ints(1, 16))
+    n_nodes = c.int(1, 4)
+    ne0 = c.int(1, 16)
     per = ne0 * 4
     fits = region.size >= per * (n_nodes + 2)
     leaves = []
@@ -257,7 +290,7 @@ def _rule_graph(draw, d, model):
                                      data=region.base + k * per if fits else 0))
     prev, nodes = leaves[0], []
     for k in range(n_nodes):
-        node = RpcTensor.make(id=model.new_id(), ne=(ne0,), op=draw(_pick(_ELEMENTWISE)),
+        node = RpcTensor.make(id=model.new_id(), ne=(ne0,), op=c.pick(_ELEMENTWISE),
                               flags=ggml.FLAG_COMPUTE, src=(prev.id, leaves[1].id),
                               buffer=region.handle if fits else 0, name=f"node_{k}",
                               data=region.base + (k + 2) * per if fits else 0, use_count=1)
@@ -273,21 +306,18 @@ def _graphs(dialect: str, region: rst.BufferRegion) -> st.SearchStrategy:
     return rst.graphs(dialect, shape="valid", buffers=[region], max_nodes=4)
 
 
-def _rule_recompute(draw, d, model):
-    if not model.graph_stored:
-        return _rule_graph(draw, d, model)
-    msg = m.GraphRecomputeRequest(0)
-    if d.graph_uid:
-        return _rule_graph(draw, d, model)  # uids are the graph strategy's business
-    return [step(_frame(d, msg), Cmd.GRAPH_RECOMPUTE.value)]
+def _rule_recompute(c, draw, d, model):
+    if not model.graph_stored or d.graph_uid:  # uids are the graph strategy's business
+        return _rule_graph(c, draw, d, model)
+    return [step(_frame(d, m.GraphRecomputeRequest(0)), Cmd.GRAPH_RECOMPUTE.value)]
 
 
-def _rule_other(draw, d, model):
+def _rule_other(c, draw, d, model):
     """A valid request of a command the rules above do not model (dialect extras)."""
     extra = _extra_cmds(d)
     if not extra:
-        return _rule_query(draw, d, model)
-    cmd = draw(_pick(extra))
+        return _rule_query(c, draw, d, model)
+    cmd = c.pick(extra)
     live = tuple(model.regions[i] for i in model.live())
     msg = draw(_messages(d.name, cmd, live))
     return [step(_frame(d, msg), cmd.value)]
@@ -374,7 +404,7 @@ def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
     else:
         steps.append(step(rst.hello_request_frame(d), Cmd.HELLO.value))
     for _ in range(draw(_ints(1, 3))):
-        steps += _alloc_steps(draw, d, model)
+        steps += _alloc_steps(draw(_pick(BUFFER_SIZES)), d, model)
     mutations = []
     n_body = draw(_ints(0, max_steps))
     for _ in range(n_body):
@@ -388,7 +418,7 @@ def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
         rule = _RULES[draw(_ints(0, len(_RULES) - 1))]
         if not model.live():
             rule = _rule_alloc
-        steps += rule(draw, d, model)
+        steps += rule(_Choices(draw(_CHOICES)), draw, d, model)
     steps.append(step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value))
     return annotate(d, tuple(steps), meta={"mutations": mutations})
 

@@ -66,6 +66,7 @@ class RefClient:
         self._rbuf = bytearray(RECV_CHUNK)
         self._rview = memoryview(self._rbuf)
         self.closed = False
+        self.rdma_active: bool | None = None  # after HELLO; None: the transport cannot switch
 
     @classmethod
     def connect(cls, host: str, port: int, dialect: Dialect | str, *, timeout: float = 60.0,
@@ -126,7 +127,9 @@ class RefClient:
 
     # ------------------------------------------------------------ API
     def hello(self) -> m.HelloResponse:
-        caps = self.knobs.client_caps if self.knobs.client_caps is not None else bytes(CONN_CAPS_SIZE)
+        caps_of = getattr(self.tr, "local_conn_caps", None)  # RDMA upgrade hook (spec 10.1)
+        caps = self.knobs.client_caps if self.knobs.client_caps is not None else \
+            caps_of() if caps_of is not None and self.dialect.hello_caps else bytes(CONN_CAPS_SIZE)
         req = m.HelloRequest(caps) if self.dialect.hello_caps else m.HelloRequest()
         rsp = self._call(req)
         self.server_hello = rsp
@@ -135,6 +138,10 @@ class RefClient:
         if not client_accepts(self.dialect.version, rsp.version) and not self.knobs.ignore_version:
             self.close()
             raise VersionRejected(self.dialect.version, rsp.version)
+        # Spec 10.1: only a client that accepted the version switches, with the server's caps.
+        upgrade = getattr(self.tr, "upgrade", None)
+        if upgrade is not None and self.dialect.hello_caps:
+            self.rdma_active = upgrade(rsp.conn_caps)
         return rsp
 
     @property

@@ -42,6 +42,7 @@ class ConnectionRecord:
     cache_hits: int = 0
     hello_only: bool = False
     bytes_in: int = 0  # request bytes the server actually read
+    rdma_active: bool | None = None  # after HELLO; None: the transport cannot switch
 
 
 class ReferenceServer:
@@ -151,6 +152,9 @@ class ReferenceServer:
         self.connections.append(rec)
         self._log_out("Accepted client connection")
         session = Session(self.state)
+        caps_of = getattr(tr, "local_conn_caps", None)  # RDMA upgrade hook (spec 10.1)
+        if caps_of is not None:
+            session.local_conn_caps = caps_of()
         # A streamed payload lands in a buffer, so nothing larger than all memory can fit.
         conn = ServerConnection(self.config.dialect, max_payload=self.config.max_payload,
                                 max_stream=self.config.memory_budget,
@@ -238,6 +242,15 @@ class _ConnectionLoop:
         else:
             self.tr.sendall_parts(self.conn.send_parts(rsp))
         self.tr.flush()
+        if msg.cmd is Cmd.HELLO:
+            self._after_hello(msg)
+
+    def _after_hello(self, msg) -> None:
+        # Spec 10.1: the HELLO response went out over TCP; now switch with the client's caps.
+        # No confirmation follows (Linux), so the client may stay on TCP: asymmetric.
+        upgrade = getattr(self.tr, "upgrade", None)
+        if upgrade is not None and self.server.config.dialect.hello_caps:
+            self.rec.rdma_active = upgrade(msg.conn_caps)
 
     def _stall(self) -> None:
         # Never answer; wait for the client to give up (bounded by the idle deadline).

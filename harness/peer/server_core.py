@@ -57,7 +57,8 @@ class ServerState:
         self.log = log
         self.lock = threading.Lock()
 
-    def hello(self) -> m.HelloResponse:
+    def hello(self, local_caps: bytes | None = None) -> m.HelloResponse:
+        """``local_caps``: what the connection's transport offers (RDMA upgrade hook)."""
         k = self.config.knobs
         major, minor, patch = k.hello_version or self.dialect.version
         flags = 0
@@ -65,7 +66,7 @@ class ServerState:
             flags |= SERVER_FLAG_CACHE
         if k.hello_flags is not None:
             flags = k.hello_flags
-        caps = k.hello_caps if k.hello_caps is not None else bytes(24)
+        caps = k.hello_caps if k.hello_caps is not None else (local_caps or bytes(24))
         if not self.dialect.hello_caps:
             return m.HelloResponse(major, minor, patch)
         return m.HelloResponse(major, minor, patch, flags, caps)
@@ -101,6 +102,7 @@ class Session:
         self.graphs: dict[tuple[int, int], list] = {}
         self.cache_hits = 0
         self.cache_saves: list[str] = []
+        self.local_conn_caps: bytes | None = None  # set by the server loop from its transport
 
     def close(self) -> None:
         """Disconnect: every buffer of this connection is freed (spec 8)."""
@@ -192,7 +194,7 @@ class Session:
         return rsp
 
     def _hello(self, msg):
-        return self.state.hello()
+        return self.state.hello(self.local_conn_caps)
 
     def _device_count(self, msg):
         return m.DeviceCountResponse(self.state.config.devices)
