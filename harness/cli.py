@@ -213,6 +213,50 @@ def profile(
     raise typer.Exit(code)
 
 
+@app.command()
+def cell(
+    cell_id: str = typer.Argument(..., help="A cell id or slug from `harness list --json`."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    out: Path = typer.Option(Path("reports"), "--out"),
+    deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
+):
+    """Run one cell (what a CI job fanned out from `harness list --json` runs)."""
+    from .matrix.cells import expand, find_cell, release_cells
+    from .matrix.job import run_job
+
+    m = _load_matrix(matrix_file)
+    try:
+        c = find_cell(expand(m) + release_cells(m), cell_id)
+    except KeyError:
+        console.print(f"[red]no cell {cell_id!r}; see `harness list`")
+        raise typer.Exit(2)
+    df, run_dir, code = run_job(m, [c], out, title=c.id, workers=1, console=console,
+                                run_id=c.slug, deliver=_delivery(deliver))
+    _finish(df, run_dir)
+    raise typer.Exit(code)
+
+
+@app.command()
+def report(
+    folder: Path = typer.Argument(..., help="A folder holding cell folders with verdict.json "
+                                  "(e.g. downloaded CI artifacts)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: FOLDER)."),
+):
+    """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
+    import json
+
+    from .report.writers import write_all
+
+    rows = [json.loads(p.read_text()) for p in sorted(folder.rglob("verdict.json"))]
+    if not rows:
+        console.print(f"[red]no verdict.json under {folder}")
+        raise typer.Exit(2)
+    dest = out or folder
+    df = write_all(rows, dest, "ggml-rpc interoperability matrix")
+    console.print((dest / "matrix.md").read_text(), highlight=False, markup=False)
+    raise typer.Exit(1 if (~df["verdict"].isin(["pass", "skip"])).any() else 0)
+
+
 def parse_size(text: str) -> int:
     """'512M' -> 536870912; plain integers are bytes."""
     units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}

@@ -39,21 +39,24 @@ _SCRATCH = 1 << 16
 class Outcome:
     status: str
     progress: int = 0  # steps whose bytes were sent and whose responses (if any) all arrived
+    proven: int = 0  # steps the server provably processed (up to the last answered one)
     at: int | None = None  # step the status was observed at (None: after the last step)
     detail: str = ""
     frames_sent: int = 0
     bytes_sent: int = 0
     live: dict = field(default_factory=dict)  # learned handles and bases
-    sent: list[bytes] | None = None  # relocated step bytes (recording runs only)
-    s2c: bytearray | None = None  # response bytes (recording runs only, bounded)
+    # Recording runs only: ("c2s" | "s2c", monotonic time, bytes) in wire order (s2c bounded),
+    # and how the server ended the connection ("fin" | "rst" | None).
+    log: list[tuple[str, float, bytes]] | None = None
+    server_close: str | None = None
     elapsed: float = 0.0
 
-    @property
-    def window(self) -> tuple[int, int]:
-        """Steps that may have caused what was observed: after the last fully answered step,
-        up to the one being waited for."""
-        end = self.at if self.at is not None else self.progress
-        return self.progress, max(end, self.progress)
+    def window(self, n_steps: int) -> tuple[int, int]:
+        """Steps (first, last inclusive) that may have caused what was observed: after the
+        last answered step, up to the one being waited for (or the end)."""
+        last = self.at if self.at is not None else n_steps - 1
+        last = min(max(last, 0), n_steps - 1)
+        return min(self.proven, last), last
 
 
 class _Ended(Exception):
@@ -84,7 +87,8 @@ class Executor:
         t0 = time.monotonic()
         out = Outcome(OK, live={HANDLE: [0] * case.n_buffers, BASE: [0] * case.n_buffers})
         if record:
-            out.sent, out.s2c = [], bytearray()
+            out.log = []
+        self._s2c_kept = 0
         try:
             sock = socket.create_connection((self.host, self.port), timeout=self.connect_timeout)
         except OSError as e:
@@ -101,6 +105,8 @@ class Executor:
                     self._pipelined(sock, case, out)
             except _Ended as e:
                 out.status, out.detail = e.status, e.detail
+                if e.status == CLOSED:
+                    out.server_close = "rst" if e.detail == "reset" else "fin"
             if before_close is not None:
                 before_close(out)
         finally:
@@ -112,21 +118,21 @@ class Executor:
     def _pipelined(self, sock: socket.socket, case: Case, out: Outcome) -> None:
         steps = case.steps
         pending: list[bytes] = []
-        first = 0  # first step of the pending batch
         for i, s in enumerate(steps):
             pending.append(relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame)
             last = i == len(steps) - 1
             if not (s.expect or s.learn or s.eof or last):
                 continue
-            self._send(sock, pending, first, out)
+            self._send(sock, pending, out)
             pending.clear()
             if s.eof:
                 _shutdown_write(sock)
             out.at = i
             for size in s.expect:
-                self._read_response(sock, size, s, out, i)
+                self._read_response(sock, size, s, out)
             out.progress = i + 1
-            first = i + 1
+            if s.expect:
+                out.proven = i + 1
         out.at = None
         if case.protocol_error_at is not None or any(s.eof for s in steps):
             # The server must close after a refused request or at our EOF: wait for it.
@@ -136,21 +142,23 @@ class Executor:
         for i, s in enumerate(case.steps):
             frame = relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame
             out.at = i
-            self._send(sock, [frame], i, out)
+            self._send(sock, [frame], out)
             if s.eof:
                 _shutdown_write(sock)
             for size in s.expect:
-                self._read_response(sock, size, s, out, i)
+                self._read_response(sock, size, s, out)
             if not s.expect:
                 # Did this step end the connection? A short wait tells the step exactly.
                 self._peek_end(sock, out, s.cmd, self.lockstep_wait)
+            else:
+                out.proven = i + 1
             out.progress = i + 1
         out.at = None
         if case.protocol_error_at is not None or any(s.eof for s in case.steps):
             self._expect_close(sock, out, len(case.steps))
 
     # ---------------------------------------------------------------- I/O
-    def _send(self, sock, parts: list[bytes], first: int, out: Outcome) -> None:
+    def _send(self, sock, parts: list[bytes], out: Outcome) -> None:
         data = parts[0] if len(parts) == 1 else b"".join(parts)
         try:
             sock.sendall(data)
@@ -161,10 +169,10 @@ class Executor:
             raise _Ended(HANG, f"send blocked for {self.deadline:g} s") from None
         out.frames_sent += len(parts)
         out.bytes_sent += len(data)
-        if out.sent is not None:
-            out.sent.append(data)
+        if out.log is not None:
+            out.log.append(("c2s", time.monotonic(), bytes(data)))
 
-    def _recv_into(self, sock, view: memoryview, out: Outcome, step_i: int, what: str) -> int:
+    def _recv_into(self, sock, view: memoryview, out: Outcome, what: str) -> int:
         try:
             n = sock.recv_into(view)
         except TimeoutError:
@@ -173,37 +181,41 @@ class Executor:
             raise _Ended(CLOSED, "reset") from None
         if n == 0:
             raise _Ended(CLOSED, "eof")
-        if out.s2c is not None and len(out.s2c) < S2C_KEEP:
-            out.s2c += view[:min(n, S2C_KEEP - len(out.s2c))]
+        self._keep(out, view[:n])
         return n
 
-    def _read_exact(self, sock, n: int, out: Outcome, step_i: int, what: str) -> memoryview:
+    def _keep(self, out: Outcome, data) -> None:
+        if out.log is not None and self._s2c_kept < S2C_KEEP:
+            chunk = bytes(data[:S2C_KEEP - self._s2c_kept])
+            self._s2c_kept += len(chunk)
+            out.log.append(("s2c", time.monotonic(), chunk))
+
+    def _read_exact(self, sock, n: int, out: Outcome, what: str) -> memoryview:
         """Read exactly ``n`` (<= scratch) bytes into the scratch buffer."""
         got = 0
         while got < n:
-            got += self._recv_into(sock, self._view[got:n], out, step_i, what)
+            got += self._recv_into(sock, self._view[got:n], out, what)
         return self._view[:n]
 
-    def _read_response(self, sock, size: int, s, out: Outcome, step_i: int) -> None:
-        head = self._read_exact(sock, 8, out, step_i, f"answer to {s.cmd}")
+    def _read_response(self, sock, size: int, s, out: Outcome) -> None:
+        head = self._read_exact(sock, 8, out, f"answer to {s.cmd}")
         (n,) = _U64.unpack_from(head)
         if n != size:
             raise _Ended(PROTOCOL, f"{s.cmd} answered with a {n}-byte payload, the spec says "
                                    f"{size}")
         if s.learn is not None and n == 8:
             kind, index = s.learn
-            value = _U64.unpack_from(self._read_exact(sock, 8, out, step_i, "payload"))[0]
+            value = _U64.unpack_from(self._read_exact(sock, 8, out, "payload"))[0]
             out.live[kind][index] = value
             return
         if s.learn is not None and n == 16:  # ALLOC_BUFFER: remote_ptr, remote_size
             kind, index = s.learn
-            value = _U64.unpack_from(self._read_exact(sock, 16, out, step_i, "payload"))[0]
+            value = _U64.unpack_from(self._read_exact(sock, 16, out, "payload"))[0]
             out.live[kind][index] = value
             return
         left = n
         while left:  # discard (GET_TENSOR data can be large); bounded by the deadline
-            left -= self._recv_into(sock, self._view[:min(left, _SCRATCH)], out, step_i,
-                                    "payload")
+            left -= self._recv_into(sock, self._view[:min(left, _SCRATCH)], out, "payload")
 
     def _peek_end(self, sock, out: Outcome, cmd: str, wait: float) -> None:
         r, _, _ = select.select([sock], [], [], wait)
@@ -217,8 +229,7 @@ class Executor:
             return
         if n == 0:
             raise _Ended(CLOSED, "eof")
-        if out.s2c is not None:
-            out.s2c += self._view[:min(n, max(0, S2C_KEEP - len(out.s2c)))]
+        self._keep(out, self._view[:n])
         raise _Ended(PROTOCOL, f"{n} bytes arrived after {cmd} although no answer was due")
 
     def _expect_close(self, sock, out: Outcome, n_steps: int) -> None:
@@ -226,7 +237,7 @@ class Executor:
         out.at = n_steps
         sock.settimeout(self.close_deadline)
         try:
-            self._read_exact(sock, 1, out, n_steps, "close")
+            self._read_exact(sock, 1, out, "close")
         except _Ended as e:
             if e.status == CLOSED:
                 out.at = None

@@ -33,8 +33,13 @@ class Cell:
     def folder(self) -> str:
         return f"{self.design}/{self.client}_{self.server}{'_cache' if self.cache else ''}/{self.scenario}"
 
+    @property
+    def slug(self) -> str:
+        """The id with only characters every CI system accepts in artifact and job names."""
+        return self.id.replace(":", "__").replace("+", "_").replace("/", "_")
+
     def to_dict(self) -> dict:
-        return {**asdict(self), "id": self.id, "pair": self.pair}
+        return {**asdict(self), "id": self.id, "slug": self.slug, "pair": self.pair}
 
 
 def scenario_cache_options(matrix: Matrix, scenario: str) -> list[bool]:
@@ -83,3 +88,10 @@ def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
             continue
         return e
     return Expectation(outcome="works", because="no rule matched: same major assumed")
+
+
+def find_cell(cells: list[Cell], key: str) -> Cell:
+    for c in cells:
+        if key in (c.id, c.slug):
+            return c
+    raise KeyError(key)

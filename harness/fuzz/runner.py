@@ -1,0 +1,202 @@
+"""Cases against a live target, with the verdict: did this case break it, and how.
+
+Two ways to run a case:
+
+* :meth:`CaseRunner.check` -- in isolation, for confirmation, shrinking and replay: run it,
+  then make sure the server is still serving (a throwaway HELLO on a new connection), and
+  restart the target if it died, hung or grew too big. Reliable, a little slower.
+* :meth:`CaseRunner.run_fast` -- for campaigns: no extra round trips. A connection the server
+  closed is judged by the *next* case, whose HELLO answer proves the server survived (a real
+  server serves one connection at a time, so the HELLO is only answered once the previous
+  connection was fully processed). Only when the next case does not start with a valid
+  HELLO is a throwaway HELLO spent.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from .case import Case
+from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
+from .target import Signature, Target, normalise
+
+_NUMBER = re.compile(r"\b\d+\b")
+
+
+@dataclass
+class Verdict:
+    """A case broke the target: how (signature) and the details for the report."""
+
+    signature: Signature
+    case: Case
+    detail: str = ""
+    outcome: Outcome | None = None
+
+
+def culprit(case: Case, out: Outcome | None, *, lockstep: bool = False) -> str:
+    """The command of the step that most likely caused what ``out`` observed."""
+    if not case.steps:
+        return "NONE"
+    if out is None:
+        return case.steps[-1].cmd
+    first, last = out.window(len(case.steps))
+    if lockstep:
+        return case.steps[last].cmd  # every earlier step had its chance to end the connection
+    window = case.steps[first:last + 1]
+    for s in window:
+        if s.mutated:
+            return s.cmd
+    return window[0].cmd if window else case.steps[-1].cmd
+
+
+def starts_with_hello(case: Case) -> bool:
+    return bool(case.steps) and case.steps[0].cmd == "HELLO" and not case.steps[0].mutated \
+        and bool(case.steps[0].expect)
+
+
+class CaseRunner:
+    def __init__(self, target: Target, *, deadline: float = 5.0, rss_every: float = 0.25,
+                 settle: float = 0.02):
+        self.target = target
+        self.deadline = deadline
+        self.rss_every = rss_every
+        self.settle = settle  # open-ended cases: let the server act on the length it read
+        self.executor: Executor | None = None
+        self.pending: tuple[Case, Outcome] | None = None  # closed by the server, not yet judged
+        self.restarts = 0
+        self._last_rss = 0.0
+        self._memory: int | None = None
+        self._refresh()
+
+    def _refresh(self) -> None:
+        self.executor = Executor(self.target.host, self.target.port, deadline=self.deadline)
+
+    def restart(self) -> None:
+        self.target.restart()
+        self.restarts += 1
+        self.pending = None
+        self._refresh()
+
+    def ensure_running(self) -> None:
+        if self.target.server is None or self.target.exit_info() is not None:
+            self.restart()
+
+    # ---------------------------------------------------------------- memory
+    def _sample(self, case: Case):
+        def before_close(out: Outcome) -> None:
+            now = time.monotonic()
+            if case.open_ended:
+                time.sleep(self.settle)  # a length prefix is read: the allocation follows it
+            elif now - self._last_rss < self.rss_every:
+                return
+            self._last_rss = now
+            self._memory = self.target.over_memory()
+        self._memory = None
+        return before_close
+
+    def _memory_verdict(self, case: Case, out: Outcome) -> Verdict:
+        rss = self._memory
+        return Verdict(Signature("memory", "", "resident memory above the bound",
+                                 culprit(case, out)), case,
+                       f"RSS {rss >> 20} MiB > bound {self.target.rss_limit >> 20} MiB", out)
+
+    # ---------------------------------------------------------------- isolated
+    def check(self, case: Case, *, lockstep: bool = False, record: bool = False,
+              ) -> tuple[Verdict | None, Outcome]:
+        """Run ``case`` on its own and judge it; the target is left running and healthy."""
+        self.ensure_running()
+        out = self.executor.run(case, lockstep=lockstep, record=record,
+                                before_close=self._sample(case))
+        verdict = self._judge_now(case, out, lockstep=lockstep)
+        if verdict is None and out.status in (OK, CLOSED):
+            # Still serving? (A crash after our last answer, or a server stuck in our case.)
+            if not self.target.answers_hello(timeout=self.deadline):
+                info = self.target.wait_exit(1.0)
+                if info is not None:
+                    verdict = Verdict(self.target.death_signature(info, culprit(case, out)),
+                                      case, info.message, out)
+                else:
+                    verdict = Verdict(Signature("hang", "", "server stopped serving new "
+                                                "connections", culprit(case, out)), case,
+                                      "no HELLO answer on a new connection", out)
+        if verdict is not None:
+            self.restart()
+        self.pending = None
+        return verdict, out
+
+    def _judge_now(self, case: Case, out: Outcome, *, lockstep: bool = False) -> Verdict | None:
+        """What can be said from this connection alone (no waiting unless it looks bad)."""
+        if out.status == PROTOCOL:
+            return Verdict(Signature("protocol", "", _generic(out.detail),
+                                     culprit(case, out, lockstep=lockstep)), case, out.detail, out)
+        if out.status in (HANG, REFUSED):
+            info = self.target.wait_exit(0.5)
+            if info is not None:
+                return Verdict(self.target.death_signature(info, culprit(case, out,
+                                                                         lockstep=lockstep)),
+                               case, info.message, out)
+            if out.status == HANG:
+                return Verdict(Signature("hang", "", "no answer within the deadline",
+                                         culprit(case, out, lockstep=lockstep)), case,
+                               out.detail, out)
+        if self._memory is not None:
+            return self._memory_verdict(case, out)
+        info = self.target.exit_info()
+        if info is not None:
+            return Verdict(self.target.death_signature(info, culprit(case, out,
+                                                                     lockstep=lockstep)),
+                           case, info.message, out)
+        return None
+
+    # ---------------------------------------------------------------- campaign
+    def run_fast(self, case: Case) -> tuple[list[Verdict], Outcome]:
+        """Run ``case`` as part of a stream of cases; returns the verdicts it settled (about
+        this case, or about the previous one that this case proved guilty)."""
+        verdicts: list[Verdict] = []
+        self.ensure_running()
+        if self.pending is not None and not starts_with_hello(case):
+            verdicts += self._settle_pending()
+        out = self.executor.run(case, before_close=self._sample(case))
+        hello_answered = out.proven > 0
+        if self.pending is not None:
+            if hello_answered:
+                self.pending = None  # the server lived through the previous connection
+            elif out.status in (CLOSED, REFUSED, HANG):
+                verdicts += self._settle_pending()
+                if verdicts:
+                    return verdicts, out
+        verdict = self._judge_now(case, out)
+        if verdict is not None:
+            self.restart()
+            return verdicts + [verdict], out
+        if out.status == CLOSED:
+            self.pending = (case, out)
+        return verdicts, out
+
+    def _settle_pending(self) -> list[Verdict]:
+        """Is the server that closed the previous connection still alive?"""
+        case, out = self.pending
+        self.pending = None
+        if self.target.exit_info() is None and self.target.answers_hello(timeout=self.deadline):
+            return []
+        info = self.target.wait_exit(1.0)
+        if info is not None:
+            verdict = Verdict(self.target.death_signature(info, culprit(case, out)), case,
+                              info.message, out)
+        else:
+            verdict = Verdict(Signature("hang", "", "server stopped serving new connections",
+                                        culprit(case, out)), case,
+                              "no HELLO answer on a new connection", out)
+        self.restart()
+        return [verdict]
+
+    def finish(self) -> list[Verdict]:
+        """Judge a pending connection at the end of a run."""
+        return self._settle_pending() if self.pending is not None else []
+
+
+def _generic(detail: str) -> str:
+    """A protocol detail without its numbers, so one bug is one signature."""
+    return normalise(_NUMBER.sub("N", detail))

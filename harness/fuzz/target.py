@@ -1,0 +1,358 @@
+"""Fuzz targets: what to launch, how to restart it, and how to tell that it broke.
+
+A target is any server the harness can launch -- a registered real peer (``p7``, a user build
+added with ``harness peers add``), a server binary or build dir given by path, or the
+reference server (``ref`` / ``ref-<dialect>``) -- each in its own work dir, on its own port.
+
+Breakage, in the order it is checked:
+
+* **death** -- the process exited; the signature is the signal (or exit code), the first
+  meaningful line of its log (a ``GGML_ASSERT``, ``terminate called ...``, a Python
+  exception) and the command that was running;
+* **hang** -- a due answer did not come within the deadline and the process still runs;
+* **memory** -- resident memory above the bound (sampled after cases);
+* **protocol** -- the connection broke the spec (see :mod:`harness.fuzz.execute`).
+
+Every launched process runs under ``RLIMIT_AS`` (``as_limit``) so that a fuzzed length prefix
+or buffer size cannot take the machine's memory with it; an allocation beyond the limit fails
+inside the target, which is then free to refuse it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import struct
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ..impls.driver import ExitInfo
+from ..impls.registry import PeerError, get_peer, probe_hello
+from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
+    start_reference_server
+from ..proto import dialect_for_version, get_dialect
+from ..proto.dialects import ALIASES
+
+DEFAULT_AS_LIMIT = 3 << 30
+DEFAULT_RSS_LIMIT = 1 << 30
+REFERENCE_MEMORY = "256M"  # the reference server's buffer budget under fuzzing
+
+
+class TargetError(RuntimeError):
+    """The target cannot be resolved or started."""
+
+
+# ---------------------------------------------------------------- signatures
+
+@dataclass(frozen=True)
+class Signature:
+    """What identifies a finding: two findings with equal signatures are the same bug."""
+
+    kind: str  # crash | hang | memory | protocol
+    signal: str  # "SIGABRT", "SIGSEGV", "exit 1", or "" when the process lives on
+    line: str  # first meaningful log line (crash) or what was observed, normalised
+    command: str  # the command of the step that caused it
+
+    @property
+    def id(self) -> str:
+        """Short stable name (folder names, report anchors)."""
+        h = hashlib.sha1("\x1f".join((self.kind, self.signal, self.line,
+                                      self.command)).encode()).hexdigest()[:8]
+        return f"{self.kind}-{_slug(self.command)}-{h}"
+
+    def same_bug(self, other: "Signature | None", *, command: bool = True) -> bool:
+        if other is None:
+            return False
+        same = (self.kind, self.signal, self.line) == (other.kind, other.signal, other.line)
+        return same and (not command or self.command == other.command)
+
+    def title(self) -> str:
+        parts = [self.kind]
+        if self.signal:
+            parts.append(self.signal)
+        parts.append(f"in {self.command}")
+        return " ".join(parts) + (f": {self.line}" if self.line else "")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Signature":
+        return cls(d["kind"], d.get("signal", ""), d.get("line", ""), d.get("command", ""))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:24] or "none"
+
+
+# Log lines that say why a process died, most telling first.
+_DEATH_PATTERNS = [re.compile(p) for p in (
+    r"GGML_ASSERT\(.*\) failed",
+    r"GGML_ABORT.*|\S+\.(?:c|cpp|h):\d+: .*",
+    r"terminate called .*",
+    r"Assertion .* failed.*",
+    r"AddressSanitizer: .*|UndefinedBehaviorSanitizer: .*|runtime error: .*",
+    r"(Segmentation fault|Aborted|Bus error).*",
+)]
+_PY_EXC = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit|Interrupt)\b.*)$")
+_PY_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
+_PATH = re.compile(r"(?:/[^\s:()'\"]+/)+([^\s/:()'\"]+)")
+_HEX = re.compile(r"0x[0-9a-fA-F]+")
+_BIG_NUMBER = re.compile(r"\b\d{5,}\b")
+
+
+def normalise(line: str) -> str:
+    """A log line without run-specific noise: paths cut to the file name, addresses and big
+    numbers (sizes, pids) replaced, so the same bug gives the same line on every run."""
+    line = _PATH.sub(r"\1", line.strip())
+    line = _HEX.sub("0x?", line)
+    line = _BIG_NUMBER.sub("N", line)
+    return line[:300]
+
+
+def death_line(log_lines: list[str]) -> str:
+    """The most meaningful line of a dead server's log (normalised), or ""."""
+    # A Python traceback: the exception and the innermost frame of ours say it all.
+    for i in range(len(log_lines) - 1, -1, -1):
+        m = _PY_EXC.match(log_lines[i].strip())
+        if m and any("Traceback" in x for x in log_lines[max(0, i - 200):i]):
+            where = ""
+            for j in range(i - 1, max(0, i - 200) - 1, -1):
+                f = _PY_FRAME.match(log_lines[j])
+                if f:
+                    where = f" at {Path(f.group(1)).name}:{f.group(2)}"
+                    break
+            return normalise(m.group(1)[:200] + where)
+    for pat in _DEATH_PATTERNS:
+        for line in log_lines:
+            m = pat.search(line)
+            if m:
+                return normalise(m.group(0))
+    return ""
+
+
+def signal_text(info: ExitInfo) -> str:
+    if info.signal:
+        try:
+            return signal.Signals(info.signal).name
+        except ValueError:
+            return f"signal {info.signal}"
+    if info.returncode is not None and info.returncode > 128:
+        try:
+            return signal.Signals(info.returncode - 128).name
+        except ValueError:
+            pass
+    return f"exit {info.returncode}"
+
+
+# ---------------------------------------------------------------- specs
+
+@dataclass(frozen=True)
+class TargetSpec:
+    """A parsed ``--target``: ``p7`` (registered peer), ``ref`` / ``ref-<dialect>``
+    (reference server), or a path to a server binary or a llama.cpp build dir."""
+
+    kind: str  # "peer" | "ref" | "binary"
+    name: str  # for reports and file names
+    dialect: str | None  # None: ask the server (HELLO) after the first start
+    peer: str | None = None
+    binary: str | None = None
+
+    @classmethod
+    def parse(cls, text: str, dialect: str | None = None) -> "TargetSpec":
+        text = text.strip()
+        if text == "ref" or text.startswith("ref-"):
+            d = get_dialect(dialect or (text[4:] if text.startswith("ref-") else "7.0.0"))
+            return cls("ref", f"ref-{d.name}", d.name)
+        path = Path(text).expanduser()
+        if path.exists():
+            binary = _find_server_binary(path)
+            if binary is None:
+                raise TargetError(f"{text}: no ggml-rpc-server / rpc-server in it")
+            return cls("binary", binary.name, get_dialect(dialect).name if dialect else None,
+                       binary=str(binary.resolve()))
+        try:
+            peer = get_peer(text)
+        except PeerError as e:
+            raise TargetError(f"unknown target {text!r}: {e} (use a peer name from `harness "
+                              "peers list`, ref[-DIALECT], or a server path)") from None
+        proto = dialect or peer.proto or peer.verified_proto
+        d = _dialect_or_none(proto)
+        return cls("peer", peer.name, d)
+
+    @property
+    def is_reference(self) -> bool:
+        return self.kind == "ref"
+
+
+def _dialect_or_none(name: str | None) -> str | None:
+    if not name:
+        return None
+    try:
+        return get_dialect(ALIASES.get(name, name)).name
+    except ValueError:
+        parts = tuple(int(x) for x in name.split(".")) if re.match(r"^\d+\.\d+\.\d+$", name) \
+            else None
+        d = dialect_for_version(parts) if parts else None
+        return d.name if d else None
+
+
+def _find_server_binary(path: Path) -> Path | None:
+    if path.is_file():
+        return path
+    for sub in ("", "bin", "build/bin"):
+        for name in ("ggml-rpc-server", "rpc-server"):
+            cand = path / sub / name
+            if cand.is_file():
+                return cand
+    return None
+
+
+# ---------------------------------------------------------------- targets
+
+class Target:
+    """One live target process, restarted on demand. Not thread-safe; one per worker."""
+
+    def __init__(self, spec: TargetSpec, workdir: Path, *, as_limit: int = DEFAULT_AS_LIMIT,
+                 rss_limit: int = DEFAULT_RSS_LIMIT, host: str = "127.0.0.1",
+                 ready_timeout: float = 30.0):
+        self.spec = spec
+        self.workdir = Path(workdir)
+        self.as_limit = as_limit
+        self.rss_limit = rss_limit
+        self.host = host
+        self.ready_timeout = ready_timeout
+        self.server: ServerProcess | None = None
+        self.dialect = spec.dialect
+        self.starts = 0
+        self.rss_peak = 0
+
+    # -- lifecycle
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.server = self._launch()
+        except (ServerStartError, PeerError, OSError) as e:
+            raise TargetError(f"cannot start {self.spec.name}: {e}") from None
+        self.starts += 1
+        if self.as_limit:
+            try:
+                resource.prlimit(self.server.pid, resource.RLIMIT_AS,
+                                 (self.as_limit, self.as_limit))
+            except (OSError, ValueError):
+                pass  # e.g. a wrapper already exited; the bound is a safety net, not a test
+        if self.dialect is None:
+            self.dialect = self._probe_dialect()
+
+    def _launch(self) -> ServerProcess:
+        spec = self.spec
+        if spec.kind == "ref":
+            # serial: one connection at a time like the real server, so a finding is
+            # attributed to exactly one connection and an uncaught exception is fatal (seen).
+            return start_reference_server(spec.dialect, workdir=self.workdir, host=self.host,
+                                          extra_args=["--serial", "--memory", REFERENCE_MEMORY],
+                                          ready_timeout=self.ready_timeout)
+        if spec.kind == "peer":
+            return start_peer_server(get_peer(spec.peer or spec.name), workdir=self.workdir,
+                                     host=self.host, ready_timeout=self.ready_timeout)
+        stdbuf = shutil.which("stdbuf")
+        argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
+                                                       "{port}", "-t", "1"]
+        return ServerProcess.start(argv, dict(os.environ, GGML_NO_BACKTRACE="1"),
+                                   name=Path(spec.binary).name, host=self.host,
+                                   workdir=self.workdir, ready_timeout=self.ready_timeout)
+
+    def _probe_dialect(self) -> str:
+        """The dialect of a server given by path: its banner, else its HELLO answer."""
+        banner = self.server.banner_version
+        d = _dialect_or_none(banner) if banner else None
+        if d:
+            return d
+        for major in (7, 3):  # the 24-byte HELLO of >= 4.0, then the empty one of 3.x
+            try:
+                version, flags = probe_hello(self.host, self.port, major)
+            except PeerError:
+                continue
+            found = dialect_for_version(version, server_flags_seen=bool(flags))
+            if found is not None:
+                return found.name
+        raise TargetError(f"{self.spec.name}: could not learn its protocol version; "
+                          "pass --dialect")
+
+    def stop(self) -> ExitInfo | None:
+        if self.server is None:
+            return None
+        info = self.server.stop()
+        self.server = None
+        return info
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    @property
+    def port(self) -> int:
+        assert self.server is not None
+        return self.server.port
+
+    # -- health
+    def exit_info(self) -> ExitInfo | None:
+        """How the process ended, or None while it runs (never blocks)."""
+        return self.server.poll() if self.server is not None else None
+
+    def wait_exit(self, timeout: float) -> ExitInfo | None:
+        """Wait up to ``timeout`` s for the process to end (it may be dying right now)."""
+        end = time.monotonic() + timeout
+        while True:
+            info = self.exit_info()
+            if info is not None or time.monotonic() >= end:
+                return info
+            time.sleep(0.005)
+
+    def log_lines(self) -> list[str]:
+        if self.server is None:
+            return []
+        return self.server.log_text().splitlines()
+
+    def rss(self) -> int | None:
+        v = self.server.rss_bytes() if self.server is not None else None
+        if v:
+            self.rss_peak = max(self.rss_peak, v)
+        return v
+
+    def over_memory(self) -> int | None:
+        """The RSS if it is above the bound, else None."""
+        v = self.rss()
+        return v if v is not None and self.rss_limit and v > self.rss_limit else None
+
+    def answers_hello(self, timeout: float = 2.0) -> bool:
+        """A throwaway connection that only says HELLO: is the server serving?"""
+        from .strategies import hello_request_frame
+        frame = hello_request_frame(self.dialect or "7.0.0")
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+                s.sendall(frame)
+                head = _recv_exact(s, 8)
+                (n,) = struct.unpack("<Q", head)
+                return n < (1 << 16) and len(_recv_exact(s, n)) == n
+        except OSError:
+            return False
+
+    def death_signature(self, info: ExitInfo, command: str) -> Signature:
+        return Signature("crash", signal_text(info), death_line(self.log_lines()), command)
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(n - len(buf))
+        if not chunk:
+            raise ConnectionError("closed")
+        buf += chunk
+    return bytes(buf)
