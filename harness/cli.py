@@ -50,7 +50,6 @@ def serve(
                                    "e.g. hello_flags=0x80, claim_cache_hit=true."),
 ):
     """Run the reference server as a standalone process (a real llama.cpp client can use it)."""
-    from .peer.knobs import Misbehaviour
     from .peer.server import run_server
     from .peer.server_core import ServerConfig
     from .proto import get_dialect

@@ -1,4 +1,3 @@
-import numpy as np
 
 from harness.impls.driver import digest, make_fill
 from harness.matrix.scenario import WORKS, Check, Observation, Scenario, count

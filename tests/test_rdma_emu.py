@@ -9,7 +9,7 @@ import pytest
 
 from harness.proto.constants import CONN_CAPS_SIZE, RDMA_CHUNK, SET_TENSOR_HEADER_SIZE
 from harness.transport import caps
-from harness.transport.rdma_emu import (C_NEW, C_OLD, MEMORY, OLD, PARTIAL, REQUEST, RESPONSE,
+from harness.transport.rdma_emu import (APP, C_NEW, C_OLD, MEMORY, OLD, PARTIAL, REQUEST, RESPONSE,
                                         SEED000, SOCKET, V9, WHOLE_COMPLETION, WRITES,
                                         CallCutter, RdmaConfig, RdmaHang, RdmaOverrun,
                                         SendFramer, config_for_dialect, emu_pair)
@@ -86,7 +86,8 @@ def test_version_rejection_after_server_activation_is_asymmetric():
 @pytest.mark.parametrize("fabric", FABRICS)
 @pytest.mark.parametrize("cp, sp, outcome, client_on, server_on", NEGOTIATIONS)
 def test_endpoints_follow_the_prediction(fabric, cp, sp, outcome, client_on, server_on):
-    with emu_pair(OLD, OLD, fabric=fabric, client_policy=cp, server_policy=sp,
+    raw = OLD.with_(send_framing=WRITES, read_calls=APP)  # bytes, not frames
+    with emu_pair(raw, raw, fabric=fabric, client_policy=cp, server_policy=sp,
                   timeout=2) as p:
         c_caps, s_caps = p.client.local_conn_caps(), p.server.local_conn_caps()
         assert caps.supports_rdma(c_caps) == (cp in (P.ADVERTISE, P.LIE_CAPABLE))
@@ -184,7 +185,7 @@ def _drain(ep, n: int, step: int = 1 << 20) -> bytes:
 @pytest.mark.parametrize("fabric", FABRICS)
 @pytest.mark.parametrize("gen", [OLD, SEED000])
 def test_stop_and_wait_versus_ring(fabric, gen):
-    cfg = gen.with_(send_framing=WRITES)
+    cfg = gen.with_(send_framing=WRITES, read_calls=APP)  # raw bytes, reads >= chunk
     with emu_pair(cfg, cfg, fabric=fabric, timeout=5) as p:
         _activate(p)
         data = bytes(range(256)) * (40 * RDMA_CHUNK // 256 + 3)  # 40 chunks and a bit

@@ -104,8 +104,9 @@ class CaseRunner:
 
     # ---------------------------------------------------------------- isolated
     def check(self, case: Case, *, lockstep: bool = False, record: bool = False,
-              ) -> tuple[Verdict | None, Outcome]:
-        """Run ``case`` on its own and judge it; the target is left running and healthy."""
+              restart: bool = True) -> tuple[Verdict | None, Outcome]:
+        """Run ``case`` on its own and judge it; the target is left running and healthy
+        (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
         out = self.executor.run(case, lockstep=lockstep, record=record,
                                 before_close=self._sample(case))
@@ -121,7 +122,7 @@ class CaseRunner:
                     verdict = Verdict(Signature("hang", "", "server stopped serving new "
                                                 "connections", culprit(case, out)), case,
                                       "no HELLO answer on a new connection", out)
-        if verdict is not None:
+        if verdict is not None and restart:
             self.restart()
         self.pending = None
         return verdict, out

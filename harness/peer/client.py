@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from ..proto import (NEED_DATA, ClientConnection, Data, EndOfMessage, Response, ResponseHead,
+from ..proto import (NEED_DATA, ClientConnection, EndOfMessage, Response, ResponseHead,
                      client_accepts, fnv1a64)
 from ..proto import messages as m
 from ..proto.constants import CONN_CAPS_SIZE, HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd

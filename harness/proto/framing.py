@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
+from typing import Callable
 
 from .codec import (REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, response_payload_size,
                     unpack_request_header, unpack_request_payload, unpack_response_payload)
@@ -84,35 +85,16 @@ class _StreamState:
         self.remaining = remaining
 
 
-class RequestReader:
-    """Server side: turns the client's byte stream into Request / RequestHead+Data events.
+class _StreamingReader:
+    """What both readers share: the buffer, EOF, byte accounting and payload streaming."""
 
-    Validation happens exactly where the real server validates: the command byte as soon as it
-    arrives, the length as soon as its 8 bytes are in (fixed-size commands must match exactly,
-    variable ones must fit the bound), the payload once it is complete.
-    """
-
-    def __init__(self, dialect: Dialect, *, max_payload: int = DEFAULT_MAX_PAYLOAD,
-                 max_stream: int = DEFAULT_MAX_STREAM,
-                 stream: frozenset = frozenset({Cmd.SET_TENSOR, Cmd.SET_TENSOR_2D}),
-                 hello_first: bool = True, data_chunk: int = DEFAULT_DATA_CHUNK):
-        self.dialect = dialect
-        self.max_payload = max_payload
-        self.max_stream = max_stream
-        self.stream = stream
-        self.hello_first = hello_first
+    def __init__(self, data_chunk: int):
         self.data_chunk = data_chunk
-        self.hello_seen = False
         self.bytes_consumed = 0  # stream offset of the next unread byte
         self._buf = ReceiveBuffer()
         self._eof = False
-        self._cmd: Cmd | None = None  # command of the frame being read
-        self._len: int | None = None
-        self._head_pending = False  # streamed request: fixed header not yet emitted
         self._stream: _StreamState | None = None
-        self._frame_start = 0
 
-    # -- input
     def feed(self, data) -> None:
         """Add bytes; ``b""`` means the peer closed its sending side."""
         if self._eof and data:
@@ -126,15 +108,6 @@ class RequestReader:
     def trailing(self) -> bytes:
         """Bytes buffered beyond what the events so far consumed."""
         return self._buf.remaining()
-
-    @property
-    def in_frame(self) -> bool:
-        return self._cmd is not None or len(self._buf) > 0
-
-    @property
-    def frame_start(self) -> int:
-        """Stream offset of the first byte of the frame read last (or being read)."""
-        return self._frame_start
 
     # -- zero-copy streaming
     @property
@@ -156,6 +129,62 @@ class RequestReader:
         self._stream.remaining -= n
         self.bytes_consumed += n
 
+    def _stream_event(self, truncated: Callable[[], RemoteProtocolError]):
+        """The next Data or EndOfMessage of the payload being streamed."""
+        st = self._stream
+        if st.remaining == 0:
+            self._stream = None
+            self._end_of_frame()
+            return EndOfMessage()
+        if not len(self._buf):
+            if self._eof:
+                raise truncated()
+            return NEED_DATA
+        n = min(len(self._buf), st.remaining, self.data_chunk)
+        st.remaining -= n
+        self.bytes_consumed += n
+        return Data(self._buf.take(n))
+
+    def _end_of_frame(self) -> None:
+        raise NotImplementedError
+
+
+class RequestReader(_StreamingReader):
+    """Server side: turns the client's byte stream into Request / RequestHead+Data events.
+
+    Validation happens exactly where the real server validates: the command byte as soon as it
+    arrives, the length as soon as its 8 bytes are in (fixed-size commands must match exactly,
+    variable ones must fit the bound), the payload once it is complete.
+    """
+
+    def __init__(self, dialect: Dialect, *, max_payload: int = DEFAULT_MAX_PAYLOAD,
+                 max_stream: int = DEFAULT_MAX_STREAM,
+                 stream: frozenset = frozenset({Cmd.SET_TENSOR, Cmd.SET_TENSOR_2D}),
+                 hello_first: bool = True, data_chunk: int = DEFAULT_DATA_CHUNK):
+        super().__init__(data_chunk)
+        self.dialect = dialect
+        self.max_payload = max_payload
+        self.max_stream = max_stream
+        self.stream = stream
+        self.hello_first = hello_first
+        self.hello_seen = False
+        self._cmd: Cmd | None = None  # command of the frame being read
+        self._len: int | None = None
+        self._head_pending = False  # streamed request: fixed header not yet emitted
+        self._frame_start = 0
+
+    @property
+    def in_frame(self) -> bool:
+        return self._cmd is not None or len(self._buf) > 0
+
+    @property
+    def frame_start(self) -> int:
+        """Stream offset of the first byte of the frame read last (or being read)."""
+        return self._frame_start
+
+    def _end_of_frame(self) -> None:
+        self._cmd = self._len = None
+
     # -- events
     def _truncated(self, what: str):
         return RemoteProtocolError(f"connection closed inside {what}", command=self._cmd_name(),
@@ -167,7 +196,7 @@ class RequestReader:
 
     def next_event(self):
         if self._stream is not None:
-            return self._next_stream_event()
+            return self._stream_event(lambda: self._truncated("payload"))
         if self._cmd is None:
             if not len(self._buf):
                 return ConnectionClosed() if self._eof else NEED_DATA
@@ -241,21 +270,6 @@ class RequestReader:
             raise RemoteProtocolError(f"{cmd} payload length {n} exceeds the bound {bound}",
                                       command=cmd.value, field="len", offset=1)
 
-    def _next_stream_event(self):
-        st = self._stream
-        if st.remaining == 0:
-            self._stream = None
-            self._cmd = self._len = None
-            return EndOfMessage()
-        if not len(self._buf):
-            if self._eof:
-                raise self._truncated("payload")
-            return NEED_DATA
-        n = min(len(self._buf), st.remaining, self.data_chunk)
-        st.remaining -= n
-        self.bytes_consumed += n
-        return Data(self._buf.take(n))
-
 
 class _Expectation:
     __slots__ = ("request", "size", "stream")
@@ -266,18 +280,14 @@ class _Expectation:
         self.stream = stream
 
 
-class ResponseReader:
+class ResponseReader(_StreamingReader):
     """Client side: reads responses in request order; every length must be the expected one."""
 
     def __init__(self, dialect: Dialect, *, data_chunk: int = DEFAULT_DATA_CHUNK):
+        super().__init__(data_chunk)
         self.dialect = dialect
-        self.data_chunk = data_chunk
-        self.bytes_consumed = 0
-        self._buf = ReceiveBuffer()
-        self._eof = False
         self._expect: deque[_Expectation] = deque()
         self._cur: _Expectation | None = None
-        self._stream: _StreamState | None = None
 
     def expect(self, request: Message, *, stream: bool = False) -> bool:
         """Register a sent request; returns False when it has no response."""
@@ -291,49 +301,12 @@ class ResponseReader:
     def pending(self) -> int:
         return len(self._expect) + (self._cur is not None)
 
-    def feed(self, data) -> None:
-        if not data:
-            self._eof = True
-        else:
-            self._buf.append(data)
-
-    @property
-    def trailing(self) -> bytes:
-        return self._buf.remaining()
-
-    @property
-    def payload_remaining(self) -> int:
-        return self._stream.remaining if self._stream is not None else 0
-
-    def take_payload_into(self, dest: memoryview) -> int:
-        if self._stream is None:
-            raise LocalProtocolError("no payload is streaming")
-        n = self._buf.take_into(dest[:self._stream.remaining])
-        self._stream.remaining -= n
-        self.bytes_consumed += n
-        return n
-
-    def payload_received(self, n: int) -> None:
-        if self._stream is None or n > self._stream.remaining or len(self._buf):
-            raise LocalProtocolError("payload_received out of order")
-        self._stream.remaining -= n
-        self.bytes_consumed += n
+    def _end_of_frame(self) -> None:
+        self._cur = None
 
     def next_event(self):
         if self._stream is not None:
-            st = self._stream
-            if st.remaining == 0:
-                self._stream = None
-                self._cur = None
-                return EndOfMessage()
-            if not len(self._buf):
-                if self._eof:
-                    raise self._closed("payload")
-                return NEED_DATA
-            n = min(len(self._buf), st.remaining, self.data_chunk)
-            st.remaining -= n
-            self.bytes_consumed += n
-            return Data(self._buf.take(n))
+            return self._stream_event(lambda: self._closed("payload"))
         if self._cur is None:
             if not self._expect:
                 if len(self._buf):

@@ -8,7 +8,7 @@ unpacking in ``codec.py`` is driven by this table only.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Callable, ClassVar, NamedTuple
 
 from .constants import CONN_CAPS_SIZE, Cmd

@@ -127,19 +127,9 @@ class SessionDecoder:
         if self._req_reader is None:
             self._c2s_pending += data
             self._detect()
-            if self._req_reader is None:
-                return
-            data, self._c2s_pending = bytes(self._c2s_pending), bytearray()
+            self._flush_pending()
+        else:
             self._feed_req(data)
-            if self._c2s_eof:
-                self._feed_req(b"")
-            s, self._s2c_pending = bytes(self._s2c_pending), bytearray()
-            if s:
-                self._feed_rsp(s)
-            if self._s2c_eof:
-                self._feed_rsp(b"")
-            return
-        self._feed_req(data)
 
     def feed_s2c(self, data: bytes) -> None:
         if not data:
@@ -147,19 +137,24 @@ class SessionDecoder:
         if self._req_reader is None:
             self._s2c_pending += data
             self._detect()
-            if self._req_reader is None:
-                return
-            c, self._c2s_pending = bytes(self._c2s_pending), bytearray()
-            if c:
-                self._feed_req(c)
-            if self._c2s_eof:
-                self._feed_req(b"")
-            s, self._s2c_pending = bytes(self._s2c_pending), bytearray()
-            self._feed_rsp(s)
-            if self._s2c_eof:
-                self._feed_rsp(b"")
+            self._flush_pending()
+        else:
+            self._feed_rsp(data)
+
+    def _flush_pending(self) -> None:
+        """Once the dialect is known, decode what waited for it (requests first)."""
+        if self._req_reader is None:
             return
-        self._feed_rsp(data)
+        c, self._c2s_pending = bytes(self._c2s_pending), bytearray()
+        s, self._s2c_pending = bytes(self._s2c_pending), bytearray()
+        if c:
+            self._feed_req(c)
+        if self._c2s_eof:
+            self._feed_req(b"")
+        if s:
+            self._feed_rsp(s)
+        if self._s2c_eof:
+            self._feed_rsp(b"")
 
     def close(self) -> Session:
         """Both directions ended: flush what is buffered and return the session."""
@@ -169,12 +164,7 @@ class SessionDecoder:
             self.feed_s2c(b"")
         if self._req_reader is None:  # nothing decodable was ever seen
             self._start(D700)
-            if self._c2s_pending:
-                self._feed_req(bytes(self._c2s_pending))
-            self._feed_req(b"")
-            if self._s2c_pending:
-                self._feed_rsp(bytes(self._s2c_pending))
-            self._feed_rsp(b"")
+            self._flush_pending()
         return self.session
 
     # -- requests

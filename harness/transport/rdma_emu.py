@@ -498,7 +498,7 @@ class _Wire:
     def post_receives(self, n: int) -> None: ...
     def poll(self, timeout: float): ...
     def finish_sending(self) -> None: ...
-    def close(self) -> None: ...
+    def close(self, fin: bool = True) -> None: ...
     def peer_active(self) -> bool: ...
     def reachable(self) -> bool: ...
     def in_flight(self) -> int: ...
@@ -588,8 +588,11 @@ class _MemoryWire(_Wire):
             self.tx.sender_done = True
             self.tx.cond.notify_all()
 
-    def close(self) -> None:
-        self.finish_sending()
+    def close(self, fin: bool = True) -> None:
+        # A destroyed QP tells the peer nothing: it learns from TCP. ``fin`` (an active side
+        # closing) only orders "no more data" after the last SEND, as the TCP check would.
+        if fin:
+            self.finish_sending()
         with self.rx.cond:
             self.rx.receiver_gone = True
             self.rx.landed.clear()  # bounded memory: nobody will read these
@@ -699,7 +702,7 @@ class _SocketWire(_Wire):
             data = self._recv_exact(n) if kind == _DATA else b""
             with self.cond:
                 if head is None or (kind == _DATA and data is None):
-                    self._eof = self._peer_gone = True
+                    self._peer_gone = True  # like a destroyed QP: the receiver learns via TCP
                 elif kind == _DATA:
                     self._landed.append(data)
                     self.stats.max_landed = max(self.stats.max_landed, len(self._landed))
@@ -759,7 +762,14 @@ class _SocketWire(_Wire):
                 return self._landed.popleft()
             return EOF
 
-    def close(self) -> None:
+    def close(self, fin: bool = True) -> None:
+        if fin:  # let the NIC thread put FIN after the last DATA record (bounded wait)
+            self.finish_sending()
+            deadline = time.monotonic() + 1.0
+            with self.cond:
+                while (self._fin_pending or self._in_flight) and not self._peer_gone:
+                    if not _wait(self.cond, deadline):
+                        break
         with self.cond:
             if self._closed:
                 return
@@ -808,7 +818,7 @@ class _NullWire(_Wire):
 
     def finish_sending(self): pass
 
-    def close(self): pass
+    def close(self, fin=True): pass
 
     def peer_active(self): return False
 
@@ -1042,17 +1052,21 @@ class RdmaEmuEndpoint:
         if self.closed:
             return
         self.closed = True
-        self.wire.close()
+        self.wire.close(fin=self.active)
         self.tcp.close()
 
     # ------------------------------------------------------------ diagnosis
     def _tcp_pending(self) -> int:
-        """Bytes waiting on the TCP socket; -1 when the peer hung up."""
+        """Bytes waiting on the TCP socket; -1 when the peer hung up. Never blocks."""
+        sock = self.tcp.sock
         try:
-            data = self.tcp.sock.recv(1 << 16, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-        except (BlockingIOError, InterruptedError):
+            readable, _, _ = select.select([sock], [], [], 0)
+            if not readable:
+                return 0
+            data = sock.recv(1 << 16, socket.MSG_PEEK)  # readable: returns at once
+        except (BlockingIOError, InterruptedError, TimeoutError):
             return 0
-        except OSError:
+        except (OSError, ValueError):
             return -1
         return len(data) if data else -1
 

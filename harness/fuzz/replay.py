@@ -1,0 +1,88 @@
+"""``harness replay FILE --target PEER``: run a saved finding against a fresh target.
+
+FILE is a reproducer folder, its ``repro.rpct`` or ``finding.json``, a corpus entry, or any
+``.rpct`` transcript (without fuzz metadata its client bytes are replayed verbatim, one step
+per recorded chunk, without relocation). The target is started fresh in a temporary work
+dir, the steps run in lockstep (so the step that breaks it is known exactly), and the outcome
+is compared with the signature the file was saved with.
+
+Exit status of the command: 1 when the finding reproduces (like a failing test), 0 when it
+does not, 2 when the replay could not run. The observed signature is printed either way.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..capture.transcript import C2S, Transcript
+from .case import Case, annotate, step
+from .runner import CaseRunner
+from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec
+
+
+@dataclass
+class ReplayResult:
+    expected: Signature | None
+    observed: Signature | None
+    detail: str
+    target: str
+    steps: int
+
+    @property
+    def reproduced(self) -> bool:
+        if self.observed is None:
+            return False
+        return self.expected is None or self.observed.same_bug(self.expected, command=False)
+
+    def summary(self) -> str:
+        lines = [f"target   : {self.target} ({self.steps} steps)",
+                 f"expected : {self.expected.title() if self.expected else '(no signature saved)'}",
+                 f"observed : {self.observed.title() if self.observed else 'nothing: the target survived'}"]
+        if self.detail:
+            lines.append(f"detail   : {self.detail}")
+        lines.append("REPRODUCED" if self.reproduced else "not reproduced")
+        return "\n".join(lines)
+
+
+def load(path: str | Path) -> tuple[Case, Signature | None, dict]:
+    """The case, its saved signature (if any) and the saved metadata of a reproducer file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "repro.rpct"
+    if path.suffix == ".json":
+        data = json.loads(path.read_text())
+        if "case" in data:
+            meta = data
+        else:  # finding.json points at its transcript
+            return load(path.with_name(data.get("reproducer", "repro.rpct")))
+    else:
+        tr = Transcript.load(path)
+        meta = tr.meta.get("fuzz") if isinstance(tr.meta, dict) else None
+        if not meta:
+            dialect = tr.meta.get("dialect", "7.0.0") if isinstance(tr.meta, dict) else "7.0.0"
+            steps = tuple(step(c.data or bytes(c.length), "RAW") for c in tr.stream(C2S))
+            return annotate(dialect, steps), None, {}
+    case = Case.from_json(meta["case"])
+    sig = Signature.from_json(meta["signature"]) if meta.get("signature") else None
+    return case, sig, meta
+
+
+def replay(path: str | Path, target: str, *, dialect: str | None = None, deadline: float = 5.0,
+           workdir: str | Path | None = None, as_limit: int = DEFAULT_AS_LIMIT,
+           rss_limit: int = DEFAULT_RSS_LIMIT) -> ReplayResult:
+    """Start ``target`` fresh, run the reproducer once, stop the target; say what happened."""
+    case, expected, meta = load(path)
+    spec = TargetSpec.parse(target, dialect or case.dialect)
+    with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
+        t = Target(spec, Path(workdir or tmp) / "target", as_limit=as_limit, rss_limit=rss_limit)
+        t.start()
+        try:
+            runner = CaseRunner(t, deadline=deadline)
+            verdict, _ = runner.check(case, lockstep=True, restart=False)
+        finally:
+            t.stop()
+    return ReplayResult(expected, verdict.signature if verdict else None,
+                        verdict.detail if verdict else "", spec.name, len(case.steps))
