@@ -1,0 +1,79 @@
+"""Every real build against itself (a basic session) and against every other (rejected at HELLO)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness.impls.driver import digest, make_fill
+from harness.impls.real_client import CtypesClientDriver
+from harness.impls.registry import list_peers
+from harness.impls.supervisor import start_peer_server
+from harness.matrix.cells import release_cells
+from harness.matrix.model import load_matrix
+from harness.matrix.runner import run_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+BUILT = [p for p in list_peers() if p.available and p.kind in ("pin", "wheel")]
+
+pytestmark = pytest.mark.realpeer
+
+
+def _major(peer) -> int:
+    return int((peer.proto or peer.verified_proto or "0").split(".")[0])
+
+
+@pytest.mark.skipif(not BUILT, reason="no real peer is built: `harness peers build --all`")
+@pytest.mark.parametrize("peer", BUILT, ids=[p.name for p in BUILT])
+def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
+    fa, fb = {"pattern": "random", "seed": 1}, {"pattern": "random", "seed": 2}
+    steps = [
+        {"op": "device_count"}, {"op": "buffer_type"}, {"op": "device_memory"},
+        {"op": "alloc_buffer", "name": "b", "size": 4096},
+        {"op": "tensor", "name": "x", "buffer": "b", "offset": 0, "ne": [32]},
+        {"op": "tensor", "name": "y", "buffer": "b", "offset": 1024, "ne": [32]},
+        {"op": "set", "tensor": "x", "fill": fa}, {"op": "set", "tensor": "y", "fill": fb},
+        {"op": "node", "name": "z", "kind": "add", "inputs": ["x", "y"], "buffer": "b",
+         "offset": 2048},
+        {"op": "compute", "outputs": ["z"]}, {"op": "get", "tensor": "z"},
+        {"op": "copy", "src": "x", "dst": "y"}, {"op": "get", "tensor": "y"},
+        {"op": "clear", "buffer": "b", "value": 0}, {"op": "get", "tensor": "x"},
+        {"op": "free_buffer", "buffer": "b"},
+    ]
+    with start_peer_server(peer, workdir=tmp_path) as srv:
+        drv = CtypesClientDriver(peer.lib_dir, proto=peer.proto)
+        try:
+            drv.run({"op": "connect", "endpoint": srv.endpoint})
+            res = [drv.run(s).result for s in steps]
+            drv.run({"op": "close"})
+        finally:
+            info = drv.close()
+    x = make_fill(fa, 128).view(np.float32)
+    y = make_fill(fb, 128).view(np.float32)
+    assert res[0]["count"] >= 1
+    assert res[10]["fnv"] == digest(x + y)["fnv"]
+    assert res[12]["fnv"] == digest(x)["fnv"]
+    assert res[14]["fnv"] == digest(bytes(128))["fnv"]
+    assert info.returncode == 0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(len(BUILT) < 2, reason="needs at least two real builds")
+def test_every_cross_pair_is_rejected_at_hello_as_the_version_rule_predicts(tmp_path):
+    m = load_matrix(ROOT / "matrix.yaml")
+    names = [p.name for p in BUILT]
+    rows = run_cells(m, release_cells(m, names), tmp_path, run_id="releases", workers=3)
+    assert len(rows) == len(names) ** 2
+    wrong = [(r["cell_id"], r["verdict"], r["reason"]) for r in rows if r["verdict"] != "pass"]
+    assert not wrong
+    for r in rows:
+        if r["client"] == r["server"]:
+            assert r["observed"] == "works"
+        else:
+            assert r["observed"] == "rejected-at-hello", r["cell_id"]
+            # a clean rejection, classified with the library's own words, never a crash
+            assert r["rejected_by"] in ("client", "server")
+            if r["rejected_by"] == "client":
+                assert "version mismatch" in r["message"]
