@@ -459,3 +459,11 @@ def test_servers_are_killed_when_the_harness_exits(fake_server):
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "server outlived the harness process"
         time.sleep(0.05)
+
+
+def test_llama_cpp_pin_spelling_resolves_every_alias():
+    from harness.impls.registry import get_pin
+    for spelling in ("llama.cpp==p7", "llama.cpp==0.3.36", "llama.cpp==7.0.0",
+                     "llama.cpp==llama-cpp-python==0.3.36"):
+        assert get_pin(spelling).name == "p7"
+    assert get_pin("llama.cpp==10798.0.0").name == "p6"

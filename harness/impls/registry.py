@@ -153,8 +153,15 @@ def load_pins() -> dict[str, Pin]:
 
 
 def get_pin(name_or_alias: str) -> Pin:
-    """A pin by short name, label, package==version or proto version."""
+    """A pin by short name, label, package==version or proto version; ``llama.cpp==X`` names
+    the llama.cpp build of any of those (``llama.cpp==p7``, ``llama.cpp==0.3.36``,
+    ``llama.cpp==7.0.0``)."""
     pins = load_pins()
+    if name_or_alias.startswith("llama.cpp=="):
+        inner = name_or_alias.split("==", 1)[1]
+        for pin in pins.values():
+            if inner in (pin.name, pin.version, pin.proto, pin.label, pin.key):
+                return pin
     for pin in pins.values():
         if name_or_alias in (pin.name, pin.label, pin.key):
             return pin
