@@ -9,10 +9,28 @@ import pytest
 
 from harness.proto.constants import CONN_CAPS_SIZE, RDMA_CHUNK, SET_TENSOR_HEADER_SIZE
 from harness.transport import caps
-from harness.transport.rdma_emu import (APP, C_NEW, C_OLD, MEMORY, OLD, PARTIAL, REQUEST, RESPONSE,
-                                        SEED000, SOCKET, V9, WHOLE_COMPLETION, WRITES,
-                                        CallCutter, RdmaConfig, RdmaHang, RdmaOverrun,
-                                        SendFramer, config_for_dialect, emu_pair)
+from harness.transport.rdma_emu import (
+    APP,
+    C_NEW,
+    C_OLD,
+    MEMORY,
+    OLD,
+    PARTIAL,
+    REQUEST,
+    RESPONSE,
+    SEED000,
+    SOCKET,
+    V9,
+    WHOLE_COMPLETION,
+    WRITES,
+    CallCutter,
+    RdmaConfig,
+    RdmaHang,
+    RdmaOverrun,
+    SendFramer,
+    config_for_dialect,
+    emu_pair,
+)
 
 FABRICS = (MEMORY, SOCKET)
 KiB = 1 << 10
@@ -217,9 +235,7 @@ def test_receive_ring_bounds_the_sender_rnr(fabric, gen):
             p.client.flush()
         assert "SENDs" in str(e.value)
         assert p.client.wire_stats.rnr_waits > 0
-        landed = p.server.wire_stats.max_landed if fabric == SOCKET else \
-            p.client.wire_stats.max_landed
-        assert landed == cfg.recv_depth  # never more than the posted buffers
+        assert p.server.wire_stats.max_landed == cfg.recv_depth  # never more than the posted buffers
 
 
 @pytest.mark.parametrize("fabric", FABRICS)
@@ -334,3 +350,26 @@ def test_completions_are_the_senders_sends(fabric):
         p.client.flush()
         assert _drain(p.server, 551) == bytes(551)
         assert p.client.stats.sends == p.server.stats.completions == 1 + 1 + 1 + 2 + 3
+
+
+@pytest.mark.parametrize("gen", [OLD, SEED000])
+def test_send_window_does_not_bound_the_receive_ring(gen):
+    """Seed 000: "the receive ring is 24 deep, so the sender cannot outrun it". Within one
+    message the window of in-flight SENDs retires as soon as each lands, so one message of 25
+    chunks to a receiver that is busy already meets a full ring on the 25th SEND, with 1 slot
+    or 8. Only the infinite RNR retry (rnr_retry = 7) makes that safe, not 8 < 24."""
+    cfg = gen.with_(send_framing=WRITES, read_calls=APP, chunk=1 * KiB)
+    with emu_pair(cfg, cfg, timeout=3) as p:
+        _activate(p)
+        done = threading.Event()
+        sender = threading.Thread(target=lambda: (p.client.sendall(bytes(25 * KiB)),
+                                                  p.client.flush(), done.set()))
+        sender.start()
+        deadline = time.monotonic() + 2
+        while p.client.wire_stats.rnr_waits < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert p.server.wire_stats.max_landed == 24 and p.client.wire_stats.rnr_waits == 1
+        assert not done.is_set()  # the 25th SEND waits for a posted receive
+        assert _drain(p.server, 25 * KiB, step=KiB) == bytes(25 * KiB)
+        sender.join(5)
+        assert done.is_set()

@@ -61,11 +61,12 @@ class Adapter:
         return start_peer_server(self.peer(), cache_dir=cache_dir, workdir=workdir)
 
     # ------------------------------------------------------------ clients
-    def new_client(self, *, step_timeout: float = 60.0,
-                   knobs: Misbehaviour | None = None) -> ClientDriver:
+    def new_client(self, *, step_timeout: float = 60.0, knobs: Misbehaviour | None = None,
+                   transport_factory=None) -> ClientDriver:
         if self.kind == "ref":
             from .ref_client import RefClientDriver
-            return RefClientDriver(self.dialect, knobs=knobs, timeout=step_timeout)
+            return RefClientDriver(self.dialect, knobs=knobs, timeout=step_timeout,
+                                   transport_factory=transport_factory)
         if self.kind == "docker":
             raise NotImplementedError("docker images play servers only")
         from .real_client import CtypesClientDriver

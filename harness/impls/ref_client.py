@@ -42,10 +42,13 @@ def _f32_bits(x: float) -> int:
 class RefClientDriver(ClientDriver):
     name = "ref"
 
-    def __init__(self, dialect: str, *, knobs: Misbehaviour | None = None, timeout: float = 60.0):
+    def __init__(self, dialect: str, *, knobs: Misbehaviour | None = None, timeout: float = 60.0,
+                 transport_factory=None):
         self.dialect = dialect
         self.knobs = knobs
         self.timeout = timeout
+        # (host, port) -> Transport; None means plain TCP (the emulated RDMA cells pass one)
+        self.transport_factory = transport_factory
         self.client: RefClient | None = None
         self.buffers: dict[str, _Buffer] = {}
         self.tensors: dict[str, RpcTensor] = {}
@@ -102,8 +105,14 @@ class RefClientDriver(ClientDriver):
     # ------------------------------------------------------------ steps
     def _op_connect(self, endpoint: str, device: int = 0):
         host, _, port = endpoint.partition(":")
-        self.client = RefClient.connect(host, int(port), self.dialect, timeout=self.timeout,
-                                        knobs=self.knobs)
+        if self.transport_factory is None:
+            self.client = RefClient.connect(host, int(port), self.dialect, timeout=self.timeout,
+                                            knobs=self.knobs)
+        else:
+            self.client = RefClient(self.transport_factory(host, int(port)), self.dialect,
+                                    knobs=self.knobs)
+            if not (self.knobs and self.knobs.skip_hello):
+                self.client.hello()
         # ggml_backend_rpc_init registers the server, which asks for its device count once
         self._device_count = self.client.device_count()
         h = self.client.server_hello

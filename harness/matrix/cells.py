@@ -19,6 +19,7 @@ class Cell:
     server: str
     cache: bool
     scenario: str
+    transport: str = "tcp"
 
     @property
     def pair(self) -> str:
@@ -26,17 +27,19 @@ class Cell:
 
     @property
     def id(self) -> str:
-        return (f"{self.design}:{self.client}_{self.server}"
+        base = (f"{self.design}:{self.client}_{self.server}"
                 f"{'+cache' if self.cache else ''}:{self.scenario}")
+        return base if self.transport == "tcp" else f"{base}@{self.transport}"
 
     @property
     def folder(self) -> str:
-        return f"{self.design}/{self.client}_{self.server}{'_cache' if self.cache else ''}/{self.scenario}"
+        base = f"{self.design}/{self.client}_{self.server}{'_cache' if self.cache else ''}/{self.scenario}"
+        return base if self.transport == "tcp" else f"{base}/{self.transport}"
 
     @property
     def slug(self) -> str:
         """The id with only characters every CI system accepts in artifact and job names."""
-        return self.id.replace(":", "__").replace("+", "_").replace("/", "_")
+        return self.id.replace(":", "__").replace("+", "_").replace("/", "_").replace("@", "__")
 
     def to_dict(self) -> dict:
         return {**asdict(self), "id": self.id, "slug": self.slug, "pair": self.pair}
@@ -61,10 +64,11 @@ def expand(matrix: Matrix, *, designs: Iterable[str] | None = None,
         for crole, srole in CELLS:
             if client_role and crole != client_role or server_role and srole != server_role:
                 continue
-            for scen in wanted:
-                for cache in scenario_cache_options(matrix, scen):
-                    cells.append(Cell(dname, crole, srole, design.roles[crole],
-                                      design.roles[srole], cache, scen))
+            for transport in design.transports or matrix.transports:
+                for scen in wanted:
+                    for cache in scenario_cache_options(matrix, scen):
+                        cells.append(Cell(dname, crole, srole, design.roles[crole],
+                                          design.roles[srole], cache, scen, transport))
     return cells
 
 
@@ -78,7 +82,10 @@ def release_cells(matrix: Matrix, peers: Iterable[str] | None = None) -> list[Ce
 
 def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
     for e in matrix.expectations:
-        if e.design is not None and e.design != cell.design:
+        designs = [e.design] if isinstance(e.design, str) else e.design
+        if designs is not None and cell.design not in designs:
+            continue
+        if e.transport is not None and e.transport != cell.transport:
             continue
         if e.cell is not None and e.cell != cell.pair:
             continue

@@ -14,6 +14,8 @@ ROLES = ("old-client", "new-client", "old-server", "new-server")
 CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
          ("new-client", "old-server"), ("new-client", "new-server"))
 OUTCOMES = ("works", "works-degraded", "rejected-at-hello", "failed")
+TRANSPORTS = ("tcp", "rdma-emu", "rdma-verbs")
+TransportName = Literal["tcp", "rdma-emu", "rdma-verbs"]
 
 
 class _Strict(BaseModel):
@@ -50,6 +52,7 @@ class Implementation(_Strict):
 
 class Design(_Strict):
     description: str = ""
+    transports: Optional[list[TransportName]] = None  # None: the matrix's transports
     roles: dict[Literal["old-client", "new-client", "old-server", "new-server"], str]
 
     @field_validator("roles")
@@ -64,8 +67,9 @@ class Design(_Strict):
 class Expectation(_Strict):
     """First matching rule wins; unset match fields match anything."""
 
-    design: Optional[str] = None
+    design: Optional[str | list[str]] = None
     cell: Optional[str] = None  # "old-client/new-server"
+    transport: Optional[TransportName] = None
     cache: Optional[bool] = None
     scenario: Optional[str] = None
     outcome: Literal["works", "works-degraded", "rejected-at-hello", "failed"]
@@ -101,6 +105,7 @@ class Matrix(_Strict):
     implementations: dict[str, Implementation]
     designs: dict[str, Design]
     scenarios: list[str]
+    transports: list[TransportName] = ["tcp"]
     cache_options: dict[str, list[bool]] = {}  # scenario -> server cache values to run
     expectations: list[Expectation]
     releases: Optional[Releases] = None
@@ -120,8 +125,9 @@ class Matrix(_Strict):
                 where = "scenarios" if s in self.scenarios else f"cache_options.{s}"
                 raise ValueError(f"{where}: unknown scenario {s!r}; known: {', '.join(SCENARIOS)}")
         for i, e in enumerate(self.expectations):
-            if e.design is not None and e.design not in self.designs:
-                raise ValueError(f"expectations.{i}.design: unknown design {e.design!r}")
+            for d in ([e.design] if isinstance(e.design, str) else e.design or []):
+                if d not in self.designs:
+                    raise ValueError(f"expectations.{i}.design: unknown design {d!r}")
             if e.scenario is not None and e.scenario not in SCENARIOS:
                 raise ValueError(f"expectations.{i}.scenario: unknown scenario {e.scenario!r}")
         return self

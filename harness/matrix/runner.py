@@ -22,7 +22,9 @@ from ..proto import Session
 from .cells import RELEASES, Cell, expectation_for
 from .model import Expectation, Matrix
 from .releases import predict
-from .scenario import Observation, label_check
+from .rdma import InProcessRdmaServer, connection_checks
+from .rdma import unavailable as rdma_unavailable
+from .scenario import REJECTED, Observation, label_check
 from .verdict import ERROR, HANG, Verdict, describe, judge
 
 
@@ -34,7 +36,7 @@ class CellContext:
     client_adapter: Adapter
     server_adapter: Adapter
     server: ServerProcess
-    proxy: RecordingProxy
+    proxy: RecordingProxy | None  # None: RDMA cells, whose endpoints record what they carry
     workdir: Path
     cache_dir: Path | None
     step_timeout: float
@@ -43,10 +45,25 @@ class CellContext:
     _sessions: list[Session] | None = None
 
     front_port: int | None = None  # a fault-injecting proxy in front of the recorder
+    connect: object = None  # RDMA cells: dialect -> (host, port) -> Transport
+    endpoints: list = field(default_factory=list)  # RDMA cells: every client endpoint
 
     @property
     def port(self) -> int:
+        if self.proxy is None:
+            return self.server.port
         return self.front_port or self.proxy.port
+
+    def _factory(self, dialect: str):
+        if self.connect is None:
+            return None
+        make = self.connect(dialect)
+
+        def factory(host: str, port: int):
+            ep = make(host, port)
+            self.endpoints.append(ep)
+            return ep
+        return factory
 
     @property
     def endpoint(self) -> str:
@@ -73,15 +90,25 @@ class CellContext:
         return self.server_adapter.kind
 
     def new_client(self) -> ClientDriver:
-        drv = self.client_adapter.new_client(step_timeout=self.step_timeout)
+        drv = self.client_adapter.new_client(step_timeout=self.step_timeout,
+                                             transport_factory=self._factory(self.client_dialect))
         self.clients.append(drv)
         return drv
 
     def ref_client(self, *, knobs=None, dialect: str | None = None) -> RefClient:
-        return RefClient.connect("127.0.0.1", self.port, dialect or self.client_dialect,
-                                 timeout=self.step_timeout, knobs=knobs)
+        dialect = dialect or self.client_dialect
+        factory = self._factory(dialect)
+        if factory is None:
+            return RefClient.connect("127.0.0.1", self.port, dialect, timeout=self.step_timeout,
+                                     knobs=knobs)
+        client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
+        if not (knobs and knobs.skip_hello):
+            client.hello()
+        return client
 
     def transcripts(self) -> list[Transcript]:
+        if self.proxy is None:
+            return [ep.transcript for ep in self.endpoints]
         self.proxy.wait_quiet(timeout=10.0)
         return list(self.proxy.transcripts)
 
@@ -145,7 +172,7 @@ def _row(cell: Cell, expect: Expectation, verdict: Verdict, obs: Observation | N
         "server_label": f"{label.get(cell.server_role, cell.server_role)} server: {cell.server}",
         "client_dialect": client.dialect, "server_dialect": server.dialect,
         "client_kind": client.kind, "server_kind": server.kind,
-        "cache": cell.cache, "scenario": cell.scenario,
+        "cache": cell.cache, "scenario": cell.scenario, "transport": cell.transport,
         "expected": describe(expect), "expected_outcome": expect.outcome, "because": expect.because,
         "observed": obs.outcome if obs else None, "verdict": verdict.verdict,
         "reason": verdict.reason, "duration": round(duration, 3), "folder": cell.folder,
@@ -172,24 +199,32 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
         return row
 
     skip = client.unavailable() or server.unavailable()
+    if not skip and cell.transport != "tcp":
+        skip = rdma_unavailable(cell.transport, client.kind, server.kind)
     if skip:
         return finish(judge(expect, None, skip=skip))
     cache_dir = folder / "cache" if cell.cache else None
+    proxy = None
     try:
-        srv = server.start_server(folder / "server", cache_dir)
+        if cell.transport == "tcp":
+            srv = server.start_server(folder / "server", cache_dir)
+        else:
+            srv = InProcessRdmaServer(cell.transport, server.dialect, cache_dir, timeouts.idle)
     except (ServerStartError, OSError) as e:
         return finish(judge(expect, None, error=f"server did not start: {e}"))
-    # the proxy never times a connection out itself: the watchdog below decides on hangs
-    proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
-                           deadline=timeouts.deadline + 60).start()
+    if cell.transport == "tcp":
+        # the proxy never times a connection out itself: the watchdog below decides on hangs
+        proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
+                               deadline=timeouts.deadline + 60).start()
     fault = None
-    if timeouts.deliver:
+    if timeouts.deliver and proxy is not None:
         from ..transport.chop import Delivery, FaultProxy
         plan = Delivery.parse(timeouts.deliver)
         fault = FaultProxy(("127.0.0.1", proxy.port), c2s=plan, s2c=plan,
                            idle=timeouts.deadline).start()
     ctx = CellContext(cell, client, server, srv, proxy, folder, cache_dir, timeouts.idle,
-                      front_port=fault.port if fault else None)
+                      front_port=fault.port if fault else None,
+                      connect=None if proxy else (lambda d: srv.connect(d, timeouts.idle)))
     obs: Observation | None = None
     failure: list[str] = []
     hang: str | None = None
@@ -214,7 +249,8 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
             now = time.monotonic()
             if now > deadline:
                 hang = f"no result within the cell deadline of {timeouts.deadline:.0f} s"
-            elif proxy.idle_seconds() > timeouts.idle and proxy.active_connections() > 0:
+            elif proxy is not None and proxy.idle_seconds() > timeouts.idle and \
+                    proxy.active_connections() > 0:
                 hang = f"no byte on the wire for {timeouts.idle:.0f} s with a connection open"
             if hang:
                 ctx.kill_clients()
@@ -238,11 +274,16 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
         if fault is not None:
             fault.stop()
             ctx.notes += [f"delivery {timeouts.deliver}: {line}" for line in fault.log[-50:]]
-        final = srv.stop()
+        final = srv.stop()  # RDMA cells: joins the connection threads, their state is final
         if server_exit is None and final.returncode not in (None, 0, -15, 143):
             server_exit = final
-        transcripts = proxy.stop()
+        transcripts = proxy.stop() if proxy is not None else ctx.transcripts()
         _write_artefacts(folder, transcripts, ctx, srv)
+        if proxy is None and obs is not None:
+            obs.checks += connection_checks(ctx.endpoints, srv, expect.outcome == REJECTED)
+            (folder / "rdma.json").write_text(json.dumps(
+                [ep.summary() for ep in ctx.endpoints + list(srv.listener.endpoints)],
+                indent=1, default=str))
     verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
                     server_exit=server_exit)
     load = _load_profile(folder, transcripts, cell)

@@ -165,8 +165,10 @@ class ReferenceServer:
             rec.close_reason = c.reason
         except ProtocolError as e:
             rec.close_reason = str(e)
-        except TimeoutError:
-            rec.close_reason = f"no data from the client within {self.idle_timeout} s"
+        except TimeoutError as e:
+            # a transport that knows why it waited (emulated RDMA) says so
+            rec.close_reason = getattr(e, "reason", None) or \
+                f"no data from the client within {self.idle_timeout} s"
         except (TransportClosed, OSError) as e:
             rec.close_reason = f"connection error: {e}"
         finally:

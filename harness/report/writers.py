@@ -52,8 +52,11 @@ def markdown(df: pd.DataFrame, title: str) -> str:
         if design == "releases":
             out += _releases_md(d)
             continue
-        for cache, dc in d.groupby("cache", sort=False):
-            out.append(f"**server cache {'on' if cache else 'off'}**")
+        keys = ["cache", "transport"] if "transport" in d else ["cache"]
+        for key, dc in d.groupby(keys, sort=False):
+            cache, transport = (key if isinstance(key, tuple) else (key, "tcp"))
+            out.append(f"**server cache {'on' if cache else 'off'}"
+                       f"{'' if transport == 'tcp' else ', over ' + transport}**")
             out.append("")
             servers = list(dict.fromkeys(dc["server_label"]))
             out.append("| client \\ server | " + " | ".join(servers) + " |")
@@ -65,9 +68,10 @@ def markdown(df: pd.DataFrame, title: str) -> str:
                     row.append(_cell_text(g) if len(g) else "")
                 out.append("| " + " | ".join(row) + " |")
             out.append("")
-        out.append("| scenario | cache | " + " | ".join(dict.fromkeys(d["pair"])) + " |")
-        out.append("|---|---" + "|---" * d["pair"].nunique() + "|")
-        for (scen, cache), ds in d.groupby(["scenario", "cache"], sort=False):
+        out.append("| scenario | cache | transport | " + " | ".join(dict.fromkeys(d["pair"])) + " |")
+        out.append("|---|---|---" + "|---" * d["pair"].nunique() + "|")
+        tcol = "transport" if "transport" in d else "cache"
+        for (scen, cache, transport), ds in d.groupby(["scenario", "cache", tcol], sort=False):
             cells = []
             for pair in dict.fromkeys(d["pair"]):
                 r = ds[ds["pair"] == pair]
@@ -77,7 +81,8 @@ def markdown(df: pd.DataFrame, title: str) -> str:
                     cells.append(f"{SYMBOL[r['verdict']]} {SHORT.get(observed, observed)}")
                 else:
                     cells.append("")
-            out.append(f"| {scen} | {'on' if cache else 'off'} | " + " | ".join(cells) + " |")
+            tname = transport if tcol == "transport" else "tcp"
+            out.append(f"| {scen} | {'on' if cache else 'off'} | {tname} | " + " | ".join(cells) + " |")
         out.append("")
     out += _load_md(df)
     bad = df[~df["verdict"].isin(["pass", "skip"])]
@@ -153,11 +158,14 @@ def write_html(df: pd.DataFrame, out: Path, title: str, diffs: list[dict] | None
         parts.append(f"<h2>{html.escape(design)}</h2>")
         pairs = list(dict.fromkeys(d["pair"]))
         labels = {p: d[d["pair"] == p].iloc[0] for p in pairs}
-        parts.append("<table><tr><th>scenario</th><th>cache</th>" + "".join(
+        tcol = "transport" if "transport" in d else "cache"
+        parts.append("<table><tr><th>scenario</th><th>cache</th><th>transport</th>" + "".join(
             f"<th>{html.escape(p)}<br><small>{html.escape(labels[p]['client'])} → "
             f"{html.escape(labels[p]['server'])}</small></th>" for p in pairs) + "</tr>")
-        for (scen, cache), ds in d.groupby(["scenario", "cache"], sort=False):
-            parts.append(f"<tr><td>{html.escape(scen)}</td><td>{'on' if cache else 'off'}</td>")
+        for (scen, cache, transport), ds in d.groupby(["scenario", "cache", tcol], sort=False):
+            tname = transport if tcol == "transport" else "tcp"
+            parts.append(f"<tr><td>{html.escape(scen)}</td><td>{'on' if cache else 'off'}</td>"
+                         f"<td>{html.escape(str(tname))}</td>")
             for p in pairs:
                 r = ds[ds["pair"] == p]
                 if not len(r):

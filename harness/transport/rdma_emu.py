@@ -40,16 +40,37 @@ import struct
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Sequence
 
 from ..capture.transcript import C2S, S2C, Transcript
-from ..proto.constants import (RDMA_CHUNK, RDMA_RX_RING, RDMA_TX_SLOTS_NEW, RDMA_TX_SLOTS_OLD,
-                               SERVER_STREAM_CHUNK_9, SET_TENSOR_HEADER_SIZE, Cmd)
+from ..proto.constants import (
+    RDMA_CHUNK,
+    RDMA_RX_RING,
+    RDMA_TX_SLOTS_NEW,
+    RDMA_TX_SLOTS_OLD,
+    SERVER_STREAM_CHUNK_9,
+    SET_TENSOR_HEADER_SIZE,
+    Cmd,
+)
 from ..proto.dialects import D700, Dialect, get_dialect
 from .base import TransportClosed
-from .caps import (ADVERTISE, LINUX, MACOS, activates, advertised_caps, gid_for_ipv4, pack_linux,
-                   pack_macos, probe_ok, supports_rdma, unpack)
+from .caps import (
+    ADVERTISE,
+    LINUX,
+    MACOS,
+    WITHHOLD,
+    LinuxCaps,
+    MacCaps,
+    activates,
+    advertised_caps,
+    gid_for_ipv4,
+    pack_linux,
+    pack_macos,
+    probe_ok,
+    supports_rdma,
+    unpack,
+)
 from .tcp import TcpTransport
 
 WHOLE_COMPLETION, PARTIAL = "whole-completion", "partial"
@@ -477,7 +498,7 @@ class WireStats:
     sends: int = 0
     rnr_waits: int = 0  # SENDs posted while the receiver had no free receive posted
     max_in_flight: int = 0
-    max_landed: int = 0  # most unconsumed completions the receive ring ever held
+    max_landed: int = 0  # most unconsumed completions this side's receive ring ever held
 
 
 class _Wire:
@@ -491,6 +512,12 @@ class _Wire:
     stats: WireStats
     local_qpn: int
     peer_qpn: int
+    gid: bytes | None = None  # the device GID to advertise (None: the TCP address's)
+
+    def activate(self, peer: LinuxCaps | MacCaps, recv_depth: int) -> None:
+        """Connect to the peer's QP and post the receive ring (QP INIT, receives, RTR, RTS)."""
+        self.connect(peer.qpn)
+        self.post_receives(recv_depth)
 
     def connect(self, remote_qpn: int) -> None: ...
     def send(self, piece: bytes, slots: int, deadline: float, hang: Callable[[str], Exception]) -> None: ...
@@ -517,7 +544,8 @@ class _Link:
         self.sender_done = False
         self.receiver_gone = False
         self.receiver_active = False
-        self.stats = WireStats()
+        self.stats = WireStats()  # sender-side numbers of this direction
+        self.max_landed = 0  # receiver-side
 
     def deliver(self) -> None:  # cond held
         moved = False
@@ -525,7 +553,7 @@ class _Link:
             self.posted -= 1
             self.landed.append(self.in_flight.popleft())
             moved = True
-        self.stats.max_landed = max(self.stats.max_landed, len(self.landed))
+        self.max_landed = max(self.max_landed, len(self.landed))
         if moved:
             self.cond.notify_all()
 
@@ -534,7 +562,11 @@ class _MemoryWire(_Wire):
     def __init__(self, tx: _Link, rx: _Link, local_qpn: int, peer_qpn: int):
         self.tx, self.rx = tx, rx
         self.local_qpn, self.peer_qpn = local_qpn, peer_qpn
-        self.stats = tx.stats
+
+    @property
+    def stats(self) -> WireStats:
+        """This endpoint's view: its sends, and its own receive ring."""
+        return replace(self.tx.stats, max_landed=self.rx.max_landed)
 
     def connect(self, remote_qpn: int) -> None:
         with self.tx.cond:
@@ -814,7 +846,6 @@ class _NullWire(_Wire):
 
     def poll(self, timeout):
         time.sleep(min(timeout, 0.05))
-        return None
 
     def finish_sending(self): pass
 
@@ -905,8 +936,7 @@ class RdmaEmuEndpoint:
 
     # ------------------------------------------------------------ HELLO hooks (spec 10.1)
     def real_caps(self) -> bytes:
-        ip = self.tcp.sock.getsockname()[0]
-        gid = gid_for_ipv4(ip)
+        gid = self.wire.gid or gid_for_ipv4(self.tcp.sock.getsockname()[0])
         if self.config.platform == MACOS:
             return pack_macos(self.qpn, 0, gid)
         return pack_linux(self.qpn, gid)
@@ -925,8 +955,7 @@ class RdmaEmuEndpoint:
         self.peer_caps = bytes(peer_caps)
         if self.active or not activates(self.caps_policy, self.peer_caps):
             return self.active
-        self.wire.connect(unpack(self.peer_caps, self.config.platform).qpn)
-        self.wire.post_receives(self.config.recv_depth)
+        self.wire.activate(unpack(self.peer_caps, self.config.platform), self.config.recv_depth)
         self.active = True
         return True
 
@@ -1146,10 +1175,9 @@ def rdma_checks(client: RdmaEmuEndpoint, server: RdmaEmuEndpoint, *,
         out.append(RdmaCheck(f"{ep.role}: every SEND <= chunk, in flight <= slots",
                              st.largest_send <= cfg.chunk and ws.max_in_flight <= cfg.send_slots,
                              f"largest {st.largest_send}, max in flight {ws.max_in_flight}"))
-        peer_depth = (server if ep is client else client).config.recv_depth
         out.append(RdmaCheck(f"{ep.role}: receive ring never over-filled",
-                             (server if ep is client else client).wire.stats.max_landed
-                             <= peer_depth or not ep.active, f"depth {peer_depth}"))
+                             ws.max_landed <= cfg.recv_depth,
+                             f"most waiting {ws.max_landed}, depth {cfg.recv_depth}"))
     return out
 
 
@@ -1232,6 +1260,10 @@ class _Rendezvous:
 
 _RENDEZVOUS = _Rendezvous()
 
+# The endpoint is not emulator-specific: with a real queue pair behind it (verbs.py) it is the
+# same data path over hardware.
+RdmaEndpoint = RdmaEmuEndpoint
+
 
 def connect_emu(host: str, port: int, config: RdmaConfig = OLD, *, caps_policy: str = ADVERTISE,
                 fabric: str = MEMORY, timeout: float | None = None, record: bool = False,
@@ -1257,8 +1289,10 @@ class RdmaEmuListener:
     def __init__(self, serve: Callable[[RdmaEmuEndpoint, str], object], config: RdmaConfig = OLD,
                  *, caps_policy: str = ADVERTISE, host: str = "127.0.0.1", port: int = 0,
                  timeout: float | None = None, record: bool = False,
-                 dialect: Dialect | str = D700, pair_timeout: float = 5.0):
+                 dialect: Dialect | str = D700, pair_timeout: float = 5.0,
+                 wire_factory: Callable[[socket.socket], _Wire] | None = None):
         self.serve = serve
+        self.wire_factory = wire_factory  # e.g. a real RC QP (harness.transport.verbs)
         self.config = config
         self.caps_policy = caps_policy
         self.host, self.port = host, port
@@ -1267,6 +1301,7 @@ class RdmaEmuListener:
         self.dialect = dialect
         self.pair_timeout = pair_timeout
         self.endpoints: list[RdmaEmuEndpoint] = []
+        self.notes: list[str] = []
         self._lsock: socket.socket | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -1293,10 +1328,17 @@ class RdmaEmuListener:
                 continue
             except OSError:
                 return
-            wire = _RENDEZVOUS.take((addr, sock.getsockname()), self.pair_timeout)
+            try:
+                wire = self.wire_factory(sock) if self.wire_factory else \
+                    _RENDEZVOUS.take((addr, sock.getsockname()), self.pair_timeout)
+            except Exception as e:
+                self.notes.append(f"{addr}: {type(e).__name__}: {e}")
+                wire = None
+            # without a device the server offers nothing (as the C peer whose probe failed)
+            policy = WITHHOLD if wire is None and self.wire_factory else self.caps_policy
             ep = RdmaEmuEndpoint(TcpTransport(sock, self.timeout or self.config.timeout),
                                  wire or _NullWire(_next_qpn()), self.config, role=SERVER,
-                                 caps_policy=self.caps_policy, timeout=self.timeout,
+                                 caps_policy=policy, timeout=self.timeout,
                                  transcript=Transcript() if self.record else None,
                                  dialect=self.dialect)
             self.endpoints.append(ep)
@@ -1308,11 +1350,20 @@ class RdmaEmuListener:
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
         if self._lsock is not None:
+            try:
+                self._lsock.shutdown(socket.SHUT_RDWR)  # wakes accept() now, not at its timeout
+            except OSError:
+                pass
             self._lsock.close()
         if self._accept is not None:
             self._accept.join(timeout)
+        # let each connection end on its own first (its client has usually left), so that
+        # nothing is closed under a server thread that is still finishing a command
+        deadline = time.monotonic() + timeout
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
         for ep in self.endpoints:
-            ep.close()
+            ep.close()  # unblocks what still waits: its reads end with EOF
         for t in self._threads:
             t.join(timeout)
 

@@ -1,0 +1,100 @@
+"""Matrix cells over an RDMA transport: the emulated one here, pyverbs where a device exists.
+
+A real llama.cpp binary cannot speak the emulated fabric, so these cells put reference peers
+in both roles, each with the RDMA generation of its dialect (old: whole-completion receive
+and stop-and-wait send; seed 000 / 9.0.0: partial receive, pipelined send). The server runs
+in-process behind an RDMA listener; every endpoint records what it carried, which is the
+cell's transcript, and the RDMA-specific checks run on every connection.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from ..impls.driver import ExitInfo
+from ..peer.server import ReferenceServer
+from ..peer.server_core import ServerConfig
+from ..proto import get_dialect
+from ..transport.rdma_emu import (RdmaEmuListener, config_for_dialect, connect_emu,
+                                  rdma_checks)
+from .scenario import Check
+
+
+def unavailable(transport: str, client_kind: str, server_kind: str) -> str | None:
+    if client_kind != "ref" or server_kind != "ref":
+        return (f"{transport} cells need reference peers in both roles (a real binary speaks "
+                "RDMA only over a device: see docs/RDMA.md)")
+    if transport == "rdma-verbs":
+        from ..transport.verbs import verbs_available
+        ok, reason = verbs_available()
+        return None if ok else reason
+    return None
+
+
+class InProcessRdmaServer:
+    """A ServerProcess stand-in: the reference server behind an RDMA listener."""
+
+    def __init__(self, transport: str, dialect: str, cache_dir: Path | None, idle: float):
+        self.transport = transport
+        self.dialect = dialect
+        self.name = f"reference-{dialect}@{transport}"
+        self.err = io.StringIO()
+        self.server = ReferenceServer(
+            ServerConfig(dialect=get_dialect(dialect),
+                         cache_dir=cache_dir / "rpc" if cache_dir else None),
+            idle_timeout=idle, out=io.StringIO(), err=self.err)
+        if transport == "rdma-verbs":
+            from ..transport.verbs import verbs_listener
+            self.listener = verbs_listener(self.server.serve_transport, config_for_dialect(dialect),
+                                           timeout=idle, record=True, dialect=dialect)
+        else:
+            self.listener = RdmaEmuListener(self.server.serve_transport,
+                                            config_for_dialect(dialect), timeout=idle,
+                                            record=True, dialect=dialect)
+        self.port = self.listener.start()
+        self.endpoint = f"127.0.0.1:{self.port}"
+
+    def connect(self, client_dialect: str, idle: float):
+        """A transport factory for the cell's clients: (host, port) -> endpoint."""
+        if self.transport == "rdma-verbs":
+            from ..transport.verbs import connect_verbs
+            return lambda h, p: connect_verbs(h, p, config_for_dialect(client_dialect),
+                                              timeout=idle, record=True)
+        return lambda h, p: connect_emu(h, p, config_for_dialect(client_dialect), timeout=idle,
+                                        record=True, dialect=client_dialect)
+
+    def poll(self) -> ExitInfo | None:
+        return None  # in-process: an exception in a connection thread is a closed connection
+
+    def log_tail(self, n: int = 20) -> list[str]:
+        return self.err.getvalue().splitlines()[-n:]
+
+    def log_text(self) -> str:
+        return self.err.getvalue()
+
+    def stop(self, timeout: float = 5.0) -> ExitInfo:
+        self.listener.stop(timeout)
+        return ExitInfo(returncode=0)
+
+
+def connection_checks(client_endpoints: list, server: InProcessRdmaServer,
+                      rejected: bool) -> list[Check]:
+    """RDMA-specific checks on every connection: both sides switched after HELLO (after a
+    HELLO rejection only the server did, spec 10.4), no overrun, no wait ran out, ring
+    bounds kept."""
+    servers = {ep.qpn: ep for ep in server.listener.endpoints}
+    out = []
+    for i, client in enumerate(client_endpoints):
+        srv = servers.get(client.wire.peer_qpn)
+        if srv is None:
+            out.append(Check(f"conn {i}: server side found", False, "no accepted endpoint"))
+            continue
+        if rejected:
+            out.append(Check(f"conn {i}: only the server switched", srv.active and not client.active,
+                             f"server {srv.active}, client {client.active}"))
+            out += [Check(f"conn {i}: {c.name}", c.ok, c.evidence)
+                    for c in rdma_checks(client, srv, expect_rdma=False)]
+        else:
+            out += [Check(f"conn {i}: {c.name}", c.ok, c.evidence) for c in rdma_checks(client, srv)]
+    return out

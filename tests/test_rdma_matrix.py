@@ -1,0 +1,67 @@
+"""The four-way matrix over emulated RDMA gives the TCP verdicts, plus the RDMA checks.
+
+matrix.yaml's reference designs (bump-ref, no-bump-ref) are run through the matrix runner
+twice, once with ``transport: tcp`` and once with ``rdma-emu``: every cell must have the same
+verdict on both, pass, and on RDMA carry the transport checks (both sides switched after
+HELLO, or only the server after a HELLO rejection; no overrun; ring bounds kept).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.matrix.cells import expand
+from harness.matrix.model import load_matrix
+from harness.matrix.runner import run_cells
+
+ROOT = Path(__file__).resolve().parents[1]
+HEAVY = ["roundtrip", "weights-cache", "weights-only"]  # tens of MiB per connection
+LIGHT = ["handshake", "device-info", "alloc", "compute", "copy-memset", "disconnect",
+         "two-clients"]
+
+
+def _cells(transport: str, scenarios: list[str]):
+    m = load_matrix(ROOT / "matrix.yaml")
+    for name in ("bump-ref", "no-bump-ref"):
+        m.designs[name].transports = [transport]
+    return m, expand(m, designs=["bump-ref", "no-bump-ref"], scenarios=scenarios)
+
+
+def _compare(tmp_path: Path, scenarios: list[str]):
+    m, tcp_cells = _cells("tcp", scenarios)
+    tcp = run_cells(m, tcp_cells, tmp_path / "tcp", run_id="tcp", workers=3)
+    m, rdma_cells = _cells("rdma-emu", scenarios)
+    rdma = run_cells(m, rdma_cells, tmp_path / "rdma", run_id="rdma", workers=3)
+    assert len(tcp) == len(rdma) == 2 * 4 * sum(
+        len(m.cache_options.get(s, [False])) for s in scenarios)
+    for a, b in zip(tcp, rdma):
+        assert b["cell_id"] == a["cell_id"] + "@rdma-emu"
+        assert (b["verdict"], b["observed"]) == (a["verdict"], a["observed"]), \
+            (b["cell_id"], b["reason"])
+        assert a["verdict"] == "pass", (a["cell_id"], a["reason"])
+        rdma_checks = [c for c in b["checks"] if c["name"].startswith("conn ")]
+        assert rdma_checks and all(c["ok"] for c in rdma_checks), b["cell_id"]
+        if b["observed"] == "rejected-at-hello":
+            assert any("only the server switched" in c["name"] for c in rdma_checks)
+        assert (tmp_path / "rdma" / b["folder"] / "rdma.json").is_file()
+
+
+def test_light_scenarios_same_verdicts_over_rdma(tmp_path):
+    _compare(tmp_path, LIGHT)
+
+
+@pytest.mark.slow
+def test_heavy_scenarios_same_verdicts_over_rdma(tmp_path):
+    _compare(tmp_path, HEAVY)
+
+
+def test_real_peers_are_skipped_over_emulated_rdma_with_the_reason(tmp_path):
+    m = load_matrix(ROOT / "matrix.yaml")
+    m.designs["bump"].transports = ["rdma-emu"]
+    cells = expand(m, designs=["bump"], scenarios=["handshake"])
+    rows = run_cells(m, cells, tmp_path, run_id="x", workers=2)
+    real = [r for r in rows if "llama-7" in (r["client"], r["server"])]
+    assert real and all(r["verdict"] == "skip" and "reference peers in both roles" in r["reason"]
+                        for r in real)
