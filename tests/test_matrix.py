@@ -60,8 +60,8 @@ def write_matrix(tmp_path: Path, data: dict) -> Path:
 
 def test_repository_matrix_is_valid():
     m = load_matrix(ROOT / "matrix.yaml")
-    assert set(m.designs) == {"bump", "no-bump"}
-    cells = expand(m)
+    assert {"bump", "no-bump"} <= set(m.designs)
+    cells = expand(m, designs=["bump", "no-bump"])
     assert {c.pair for c in cells} == {"old-client/old-server", "old-client/new-server",
                                        "new-client/old-server", "new-client/new-server"}
     degraded = [c for c in cells if expectation_for(m, c).outcome == "works-degraded"]

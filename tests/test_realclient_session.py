@@ -92,7 +92,11 @@ def test_full_session(server, client):
     info = d.close()
     assert info.returncode == 0 and not info.aborted
 
-    # The server saw exactly the commands these steps stand for.
+    # The server saw exactly the commands these steps stand for. It logs a fire-and-forget
+    # command after the client has moved on, so give its last line a moment to arrive.
+    deadline = time.monotonic() + 10
+    while "[free_buffer]" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
     log = server.log()
     for cmd in ("[hello] version: 7.0.0", "[get_alignment]", "[get_device_memory]",
                 "[alloc_buffer]", "[set_tensor]", "[graph_compute] device: 0, n_nodes: 2",
