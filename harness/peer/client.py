@@ -16,6 +16,7 @@ import numpy as np
 from ..proto import (NEED_DATA, ClientConnection, EndOfMessage, Response, ResponseHead,
                      client_accepts, fnv1a64)
 from ..proto import messages as m
+from ..proto.codec import RESPONSE_HEADER_SIZE
 from ..proto.constants import CONN_CAPS_SIZE, HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import Dialect, get_dialect
 from ..proto.errors import RemoteProtocolError
@@ -92,14 +93,14 @@ class RefClient:
         except (TransportClosed, BrokenPipeError, ConnectionResetError) as e:
             raise ServerClosed(f"send of {msg.cmd} failed: {e}") from None
 
-    def _fill(self) -> None:
+    def _fill(self, limit: int = RECV_CHUNK) -> None:
         try:
-            n = self.tr.recv_into(self._rview)
+            n = self.tr.recv_into(self._rview[:limit])
         except (TransportClosed, ConnectionResetError) as e:
             raise ServerClosed(f"connection reset: {e}") from None
         self.conn.receive_data(bytes(self._rview[:n]) if n else b"")
 
-    def _response(self):
+    def _response(self, limit: int = RECV_CHUNK):
         while True:
             try:
                 ev = self.conn.next_event()
@@ -108,7 +109,7 @@ class RefClient:
                     raise ServerClosed(e.reason) from None
                 raise
             if ev is NEED_DATA:
-                self._fill()
+                self._fill(limit)
                 continue
             return ev
 
@@ -252,7 +253,9 @@ class RefClient:
         dest = memoryview(out).cast("B") if out is not None else memoryview(bytearray(size))
         if dest.nbytes < size:
             raise ValueError(f"output buffer of {dest.nbytes} bytes for a {size}-byte read")
-        ev = self._response()
+        # Only the length prefix through the reader: the payload then lands in ``dest`` in one
+        # copy instead of three (socket -> chunk -> reader buffer -> dest).
+        ev = self._response(limit=RESPONSE_HEADER_SIZE)
         if not isinstance(ev, ResponseHead):
             raise RemoteProtocolError(f"expected GET_TENSOR data, got {ev!r}")
         reader = self.conn.reader

@@ -1,0 +1,29 @@
+"""Body of ``harness bench`` (the typer layer only parses options)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+
+def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int:
+    from .runner import BenchConfig, rows, run_bench
+
+    def log(line: str) -> None:
+        console.print(line, highlight=False, markup=False)
+
+    cfg = (BenchConfig.quick_config(out=out, peer=peer, log=log) if quick
+           else BenchConfig(out=out, peer=peer, log=log))
+    try:
+        folder, figures = run_bench(cfg)
+    except RuntimeError as e:
+        console.print(f"[red]{e}", highlight=False)
+        return 2
+    t = Table("figure", "value", "anchor", "ratio", "target", "met?")
+    for r in rows([f.to_json() for f in figures]):
+        t.add_row(*r)
+    console.print(t)
+    console.print(f"report: {folder}/bench.md", highlight=False)
+    return 0
