@@ -467,3 +467,21 @@ def test_llama_cpp_pin_spelling_resolves_every_alias():
                      "llama.cpp==llama-cpp-python==0.3.36"):
         assert get_pin(spelling).name == "p7"
     assert get_pin("llama.cpp==10798.0.0").name == "p6"
+
+
+def test_listening_inodes_finds_a_listener_and_ignores_connected_sockets():
+    import os
+    import socket
+
+    from harness.impls.supervisor import listening_inodes
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        port = listener.getsockname()[1]
+        with socket.create_connection(("127.0.0.1", port)) as client:
+            peer, _ = listener.accept()
+            with peer:
+                found = listening_inodes("127.0.0.1", port)
+                assert found == {os.fstat(listener.fileno()).st_ino}
+                assert os.fstat(client.fileno()).st_ino not in found
+    assert listening_inodes("127.0.0.1", port) == set()
