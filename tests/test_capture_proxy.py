@@ -339,3 +339,25 @@ def _count(conn: socket.socket) -> int:
         if not k:
             return n
         n += k
+
+
+def test_compact_keeps_headers_and_elides_bulk():
+    from harness.capture.proxy import compact
+    from harness.capture.transcript import C2S, Transcript
+    from harness.proto import RpcTensor, get_dialect, pack_request
+    from harness.proto.messages import HelloRequest, SetTensorRequest
+
+    d = get_dialect("7.0.0")
+    frames = [pack_request(d, HelloRequest())] + [
+        pack_request(d, SetTensorRequest(RpcTensor.make(id=i, ne=(1 << 18,)), 0, 0,
+                                         bytes([i]) * (1 << 20))) for i in range(1, 6)]
+    tr = Transcript()
+    for i, f in enumerate(frames):
+        tr.add(float(i), C2S, f)
+    small = compact(tr, keep=1 << 20)
+    assert small.total(C2S) == tr.total(C2S)
+    kept = sum(c.length for c in small.chunks if c.data is not None)
+    assert kept < 2 * (1 << 20)
+    a, b = tr.decode(), small.decode()
+    assert [e.cmd for e in a.exchanges] == [e.cmd for e in b.exchanges]
+    assert [e.data_length for e in a.exchanges] == [e.data_length for e in b.exchanges]

@@ -119,6 +119,22 @@ class _FrameRecorder:
             chunks.append(Chunk(t, self.direction, len(data), None))
 
 
+def compact(tr: Transcript, keep: int, *, head_bytes: int = 512,
+            heads_keep: int | None = None) -> Transcript:
+    """The transcript the proxy would have recorded with these budgets: frame headers kept,
+    bulk payload beyond ``keep`` bytes per direction recorded by length only. For transcripts
+    recorded elsewhere in full (emulated RDMA endpoints) before they are written to disk."""
+    out = Transcript(meta=dict(tr.meta), keep=keep)
+    out.closed = dict(tr.closed)
+    recorders = {d: _FrameRecorder(out, d, keep, head_bytes,
+                                   keep if heads_keep is None else heads_keep)
+                 for d in (C2S, S2C)}
+    for c in tr.chunks:
+        data = c.data if c.data is not None else bytes(c.length)
+        recorders[c.direction].record(c.t, memoryview(data))
+    return out
+
+
 class LiveDecoder:
     """An ``on_chunk`` observer that decodes every connection while it runs.
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..capture.proxy import RecordingProxy
+from ..capture.proxy import RecordingProxy, compact
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter, adapter_for, adapter_for_peer
 from ..impls.driver import ClientDriver, ExitInfo
@@ -215,7 +215,7 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
     if cell.transport == "tcp":
         # the proxy never times a connection out itself: the watchdog below decides on hangs
         proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
-                               deadline=timeouts.deadline + 60).start()
+                               deadline=timeouts.deadline + 60, keep=CELL_KEEP).start()
     fault = None
     if timeouts.deliver and proxy is not None:
         from ..transport.chop import Delivery, FaultProxy
@@ -277,7 +277,8 @@ def run_cell(cell: Cell, expect: Expectation, client: Adapter, server: Adapter, 
         final = srv.stop()  # RDMA cells: joins the connection threads, their state is final
         if server_exit is None and final.returncode not in (None, 0, -15, 143):
             server_exit = final
-        transcripts = proxy.stop() if proxy is not None else ctx.transcripts()
+        transcripts = proxy.stop() if proxy is not None else \
+            [compact(t, CELL_KEEP) for t in ctx.transcripts()]
         _write_artefacts(folder, transcripts, ctx, srv)
         if proxy is None and obs is not None:
             obs.checks += connection_checks(ctx.endpoints, srv, expect.outcome == REJECTED)
@@ -305,12 +306,25 @@ def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellConte
         except Exception as e:  # noqa: BLE001 - artefacts must not hide the verdict
             (folder / "transcript.txt").write_text(f"could not render: {e!r}\n")
     (folder / "server.log").write_text(srv.log_text())
+    _compact_cache(ctx.cache_dir)
     logs = []
     for c in ctx.clients:
         logs.append(f"== {c.name}\n" + "\n".join(c.log_tail(200)))
     if ctx.notes:
         logs.append("== notes\n" + "\n".join(ctx.notes))
     (folder / "client.log").write_text("\n\n".join(logs) + "\n")
+
+
+def _compact_cache(cache_dir: Path | None) -> None:
+    """Keep the cache's listing (name and size of every entry), not its multi-MiB contents."""
+    entries = cache_dir / "rpc" if cache_dir else None
+    if entries is None or not entries.is_dir():
+        return
+    files = sorted(p for p in entries.iterdir() if p.is_file())
+    (cache_dir / "entries.txt").write_text(
+        "".join(f"{p.name} {p.stat().st_size}\n" for p in files))
+    for p in files:
+        p.unlink()
 
 
 def _load_profile(folder: Path, transcripts: list[Transcript], cell: Cell) -> dict:
@@ -330,6 +344,10 @@ def _load_profile(folder: Path, transcripts: list[Transcript], cell: Cell) -> di
 
 
 PLOT_BYTES = 1 << 20
+# Bytes of each direction a cell's transcript keeps verbatim; beyond it frame headers are kept
+# and bulk payload is recorded by length, so a run's folders stay small (a 64 MiB round trip
+# would otherwise be kept twice over, as .rpct and as .pcap).
+CELL_KEEP = 1 << 20
 
 
 def plan(matrix: Matrix, cells: list[Cell]) -> list[tuple[Cell, Expectation, Adapter, Adapter]]:
