@@ -403,6 +403,68 @@ def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .r
         raise typer.Exit(1)
 
 
+@app.command()
+def fuzz(
+    target: str = typer.Option(..., "--target", help="p7 / any peer of `harness peers list`, "
+                               "ref[-DIALECT] (the reference server), a server path, or "
+                               "client:PEER (the peer's real client facing a malicious "
+                               "reference server)."),
+    dialect: Optional[str] = typer.Option(None, "--dialect", help="Dialect to speak (default: "
+                                          "the target's)."),
+    duration: str = typer.Option("10m", "--duration", help="e.g. 90s, 10m, 1h."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Seed (default: random, reported)."),
+    workers: int = typer.Option(1, "--workers", help="Workers, each with its own target."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default "
+                                       "reports/fuzz-<id>)."),
+    deadline: float = typer.Option(5.0, "--deadline", help="Seconds before no answer is a hang."),
+    rss_limit: str = typer.Option("1G", "--rss-limit", help="Resident memory bound of the target."),
+    as_limit: str = typer.Option("3G", "--as-limit", help="Address-space limit set on the target "
+                                 "(0: none) so fuzzed sizes cannot exhaust the machine."),
+    corpus: Optional[Path] = typer.Option(None, "--corpus", help="Replay this corpus folder first."),
+    shrink_seconds: float = typer.Option(60.0, "--shrink-seconds", help="Minimisation budget "
+                                         "per finding."),
+    max_steps: int = typer.Option(32, "--max-steps", help="Most steps in one connection."),
+    keep_work: bool = typer.Option(False, "--keep-work", help="Keep the targets' work dirs/logs."),
+):
+    """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
+    from .fuzz.cli import fuzz_command
+
+    raise typer.Exit(fuzz_command(console, target=target, dialect=dialect, duration=duration,
+                                  seed=seed, workers=workers, out=out, deadline=deadline,
+                                  rss_limit=parse_size(rss_limit), as_limit=parse_size(as_limit),
+                                  corpus=corpus, shrink_seconds=shrink_seconds,
+                                  max_steps=max_steps, keep_work=keep_work))
+
+
+@app.command()
+def replay(
+    file: Path = typer.Argument(..., help="A finding: its folder, repro.rpct or finding.json."),
+    target: str = typer.Option(..., "--target", help="Peer, ref[-DIALECT], server path or "
+                               "client:PEER."),
+    dialect: Optional[str] = typer.Option(None, "--dialect", help="Override the saved dialect."),
+    deadline: float = typer.Option(5.0, "--deadline", help="Seconds before no answer is a hang."),
+):
+    """Replay a saved finding against a fresh target. Exit 1 if it reproduces, 0 if not."""
+    from .fuzz.cli import replay_command
+
+    raise typer.Exit(replay_command(console, file, target=target, dialect=dialect,
+                                    deadline=deadline))
+
+
+@app.command()
+def bench(
+    quick: bool = typer.Option(False, "--quick", help="Small sizes (64 MiB), short fuzz runs, no "
+                               "full matrix: a smoke run of every figure."),
+    out: Path = typer.Option(Path("reports"), "--out", help="Writes OUT/bench-<id>/bench.json "
+                             "and bench.md."),
+    peer: str = typer.Option("p7", "--peer", help="The real peer the figures are anchored on."),
+):
+    """Performance figures next to their anchors (real C peers, raw loopback, C hash)."""
+    from .bench.cli import bench_command
+
+    raise typer.Exit(bench_command(console, quick=quick, out=out, peer=peer))
+
+
 def main() -> None:
     app()
 

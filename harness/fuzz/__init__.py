@@ -1,1 +1,18 @@
+"""Fuzzing ggml-rpc peers: generation, campaigns, minimisation, replay.
 
+    harness fuzz --target p7 --duration 10m [--workers K] [--seed N] [--out reports/fuzz-x]
+    harness fuzz --target ref-7.0.0 --duration 10m        # the reference server: must be clean
+    harness fuzz --target client:p7 --duration 2m         # the real client vs a lying server
+    harness replay reports/fuzz-x/crashes/<id>/repro.rpct --target p7   # exit 1 = reproduced
+
+Modules, in the order data flows:
+
+* :mod:`.strategies` (public as ``harness.strategies``) -- valid messages and structured
+  mutations; :mod:`.generate` -- whole connections from a session model, mutations mixed in;
+* :mod:`.case` -- steps, sentinel handles/bases and their relocation, spec expectations;
+* :mod:`.execute` -- one connection, pipelined or lockstep, with the connection oracle;
+* :mod:`.target` / :mod:`.runner` -- launching targets, deaths, hangs, memory, attribution;
+* :mod:`.campaign` -- workers, hypothesis rounds, dedupe, corpus; :mod:`.shrink` -- ddmin and
+  reproducer folders; :mod:`.replay`; :mod:`.report`; :mod:`.client` -- client targets;
+* :mod:`.throughput` -- messages/s through one connection (for ``harness bench``).
+"""

@@ -36,7 +36,7 @@ from hypothesis import strategies as st
 from hypothesis import target as hyp_target
 
 from .case import Case
-from .execute import Outcome
+from .execute import REFUSED, Outcome
 from .generate import cases
 from .replay import load, replay
 from .runner import CaseRunner, Verdict, culprit
@@ -60,7 +60,8 @@ class CampaignConfig:
     as_limit: int = DEFAULT_AS_LIMIT
     rss_limit: int = DEFAULT_RSS_LIMIT
     max_steps: int = 32
-    shrink_seconds: float = 60.0
+    shrink_seconds: float = 60.0  # per finding, both passes
+    hypothesis_shrink_seconds: float = 5.0  # of which hypothesis's shrinker may use this much
     corpus: Path | None = None  # replay these cases first (a previous campaign's corpus/)
     max_corpus: int = 500
     keep_work: bool = False
@@ -84,6 +85,12 @@ class _Found(Exception):
     """Raised inside the hypothesis test: this example broke the target (being shrunk)."""
 
 
+def _found() -> None:
+    # One raise site for every branch: hypothesis tells bugs apart by where they were raised,
+    # and would call a shrunk example that raises from another line a different (flaky) bug.
+    raise _Found()
+
+
 class _Worker:
     def __init__(self, cfg: CampaignConfig, index: int, seed: int, out: Path, end: float,
                  emit: Callable[[dict], None]):
@@ -103,10 +110,12 @@ class _Worker:
         self.statuses = Counter()
         self.coverage = Counter()
         self.behaviours: set = set()
+        self.fast_seen: dict[Signature, str] = {}  # fast-path signature -> confirmed id
         self.corpus_saved = 0
         self.hunting: Signature | None = None  # the signature being shrunk by hypothesis
         self.best: Case | None = None
         self.hunt_end = 0.0
+        self.generated_steps = 0  # length of the case hypothesis started shrinking from
         self.queue: list[Verdict] = []  # confirmed new findings waiting to be minimised
         self._last_emit = 0.0
         self.t0 = time.time()
@@ -116,7 +125,9 @@ class _Worker:
         self.target.start()
         self.dialect = self.target.dialect
         self.runner = CaseRunner(self.target, deadline=self.cfg.deadline)
-        self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps)
+        # The reference server declines COMM_INIT; real servers would act on it.
+        self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps,
+                              local_only=not self.spec.is_reference)
         try:
             self._warm_up()
             round_no = 0
@@ -148,6 +159,9 @@ class _Worker:
             except (OSError, ValueError, KeyError):
                 continue
             self._run_case(case)
+            if self.hunting is not None:  # no hypothesis round to shrink it: ddmin only
+                sig, self.hunting = self.hunting, None
+                self._finalise(Verdict(sig, self.best), generated=self.generated_steps)
 
     # -- one hypothesis round
     def _round(self, round_seed: int) -> None:
@@ -167,7 +181,7 @@ class _Worker:
                 out = self._run_case(case)
                 hyp_target(float(out.proven), label="answered steps")
                 if self.hunting is not None:
-                    raise _Found()
+                    _found()
                 return
             if time.monotonic() >= self.hunt_end:
                 return  # shrink budget spent: every further attempt "passes"
@@ -178,7 +192,7 @@ class _Worker:
             if verdict is not None and verdict.signature.same_bug(self.hunting, command=False):
                 if _smaller(case, self.best):
                     self.best = case
-                raise _Found()
+                _found()
             if verdict is not None:
                 self._consider(verdict, confirmed=True)
 
@@ -192,7 +206,7 @@ class _Worker:
         if self.hunting is not None:
             sig, best = self.hunting, self.best
             self.hunting = None
-            self._finalise(Verdict(sig, best))
+            self._finalise(Verdict(sig, best), generated=self.generated_steps)
 
     def _run_case(self, case: Case) -> Outcome:
         verdicts, out = self.runner.run_fast(case)
@@ -200,7 +214,10 @@ class _Worker:
         self.stats["frames"] += out.frames_sent
         self.stats["bytes"] += out.bytes_sent
         self.statuses[out.status] += 1
-        for s in case.steps:
+        # Coverage counts what reached the wire: up to the step the connection ended at.
+        sent = 0 if out.status == REFUSED else (len(case.steps) if out.at is None
+                                                else min(out.at + 1, len(case.steps)))
+        for s in case.steps[:sent]:
             d = s.desc
             key = f"valid|{s.cmd}" if d is None else \
                 f"{d['kind']}|{d['what']}|{d['cmd']}|{d['field']}"
@@ -216,31 +233,47 @@ class _Worker:
         hunt it with hypothesis (``hunt``: it is the current example) or queue it."""
         self.stats["verdicts"] += 1
         if not confirmed:
+            # A signature seen on the fast path before is a duplicate: confirming it again
+            # would cost restarts for nothing.
+            if verdict.signature in self.fast_seen:
+                self.stats["duplicates"] += 1
+                self.emit({"type": "duplicate", "worker": self.index,
+                           "id": self.fast_seen[verdict.signature]})
+                return
+            fast = verdict.signature
             again, _ = self.runner.check(verdict.case)
             if again is None or not again.signature.same_bug(verdict.signature, command=False):
                 again, _ = self.runner.check(verdict.case)  # one more try: timing
             if again is None:
+                # Not counted as seen: a later occurrence that does reproduce alone replaces
+                # this record with a minimised one.
                 self.stats["unconfirmed"] += 1
                 verdict.detail = (verdict.detail + "; " if verdict.detail else "") + \
                     "did not reproduce in isolation (depends on earlier connections or timing)"
-                if self._claim(verdict.signature):
+                if self._claim(verdict.signature, unconfirmed=True):
                     self._save(verdict, verdict.case, None, minimised=False, confirmed=False)
                 return
             verdict = Verdict(again.signature, verdict.case, again.detail or verdict.detail,
                               again.outcome)
+            self.fast_seen[fast] = verdict.signature.id
         if not self._claim(verdict.signature):
             self.stats["duplicates"] += 1
             self.emit({"type": "duplicate", "worker": self.index, "id": verdict.signature.id})
             return
         if hunt and self.hunting is None:
             self.hunting, self.best = verdict.signature, verdict.case
-            self.hunt_end = time.monotonic() + self._shrink_seconds() / 2
+            self.generated_steps = len(verdict.case.steps)
+            self.hunt_end = time.monotonic() + min(self._shrink_seconds() / 2,
+                                                   self.cfg.hypothesis_shrink_seconds)
         else:
             self.queue.append(verdict)
 
-    def _claim(self, sig: Signature) -> bool:
+    def _claim(self, sig: Signature, *, unconfirmed: bool = False) -> bool:
+        """Atomically take a signature (across workers). Unconfirmed records have their own
+        claim, so a confirmed finding of the same signature can still take the real one."""
+        name = sig.id + (".unconfirmed" if unconfirmed else "")
         try:
-            os.mkdir(self.out / "claims" / sig.id)
+            os.mkdir(self.out / "claims" / name)
             return True
         except FileExistsError:
             return False
@@ -254,10 +287,11 @@ class _Worker:
         return max(5.0, min(self.cfg.shrink_seconds, left))
 
     # -- minimise and save
-    def _finalise(self, verdict: Verdict) -> None:
+    def _finalise(self, verdict: Verdict, generated: int | None = None) -> None:
         sig, case = verdict.signature, verdict.case
+        claim_id = sig.id
         t0 = time.monotonic()
-        original = len(case.steps)
+        original = generated or len(case.steps)
         budget = Budget(self._shrink_seconds())
 
         def same(c: Case) -> bool:
@@ -272,25 +306,32 @@ class _Worker:
         if final is None or not final.signature.same_bug(sig, command=False):
             minimal, final, out = case, verdict, None
             final.detail += "; the minimised case stopped reproducing (timing)"
-        self._save(final, minimal, out, minimised=True, confirmed=True,
-                   original=original, seconds=time.monotonic() - t0, attempts=budget.attempts)
+        self._save(final, minimal, out, minimised=True, confirmed=True, claim_id=claim_id,
+                   original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,
+                   attempts=budget.attempts)
 
     def _save(self, verdict: Verdict, case: Case, out: Outcome | None, *, minimised: bool,
-              confirmed: bool, original: int | None = None, seconds: float = 0.0,
-              attempts: int = 0) -> None:
+              confirmed: bool, claim_id: str | None = None, original: int | None = None,
+              shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0) -> None:
         sig = verdict.signature
         folder = self.out / "crashes" / sig.id
         try:
             folder.mkdir(parents=True)
-        except FileExistsError:  # the lockstep run named it like an earlier finding
-            self.stats["duplicates"] += 1
-            self.emit({"type": "duplicate", "worker": self.index, "id": sig.id})
-            return
+        except FileExistsError:
+            if confirmed and _unconfirmed_record(folder):
+                shutil.rmtree(folder, ignore_errors=True)  # a better record of the same bug
+                folder.mkdir(parents=True)
+            else:  # the lockstep run named it like an earlier finding
+                self.stats["duplicates"] += 1
+                self.emit({"type": "duplicate", "worker": self.index, "id": claim_id or sig.id})
+                return
         finding = save_reproducer(folder, signature=sig, case=case, outcome=out,
                                   target=self.cfg.target, dialect=self.dialect,
                                   detail=verdict.detail,
-                                  extra={"confirmed": confirmed, "minimised": minimised,
+                                  extra={"claim_id": claim_id or sig.id,
+                                         "confirmed": confirmed, "minimised": minimised,
                                          "original_steps": original or len(case.steps),
+                                         "hypothesis_shrunk_steps": shrunk,
                                          "minimise_seconds": round(seconds, 1),
                                          "minimise_attempts": attempts,
                                          "found_after_s": round(time.time() - self.t0, 1),
@@ -338,15 +379,23 @@ class _Worker:
         self.emit({"type": "done" if done else "stats", "worker": self.index,
                    "stats": dict(self.stats), "statuses": dict(self.statuses),
                    "coverage": dict(self.coverage), "rss_peak": self.target.rss_peak,
+                   "rss_first": self.target.rss_first, "rss_last": self.target.rss_last,
+                   "target_starts": self.target.starts,
                    "behaviours": len(self.behaviours), "dialect": self.dialect,
                    "hunting": self.hunting.id if self.hunting else None})
 
 
+def _unconfirmed_record(folder: Path) -> bool:
+    try:
+        return json.loads((folder / "finding.json").read_text()).get("confirmed") is False
+    except (OSError, ValueError):
+        return False
+
+
 def _smaller(a: Case, b: Case | None) -> bool:
-    if b is None:
-        return True
-    return (len(a.steps), sum(len(s.frame) for s in a.steps)) < \
-        (len(b.steps), sum(len(s.frame) for s in b.steps))
+    """Is ``a`` at least as good a reproducer as ``b``? Fewer steps win; at equal length the
+    newer case wins, because hypothesis only tries candidates simpler than its current best."""
+    return b is None or len(a.steps) <= len(b.steps)
 
 
 def _is_hypothesis_error(e: BaseException) -> bool:
@@ -385,7 +434,9 @@ class Progress:
             prev = self.workers.get(ev["worker"], {})
             self.workers[ev["worker"]] = {**prev, **ev}
         elif kind == "finding":
-            self.findings.append(ev["finding"])
+            f = ev["finding"]
+            # A confirmed record replaces an unconfirmed one of the same signature.
+            self.findings = [x for x in self.findings if x["id"] != f["id"]] + [f]
         elif kind == "duplicate":
             self.duplicates[ev["id"]] += 1
         elif kind == "error":

@@ -30,8 +30,11 @@ HANDLE, BASE = "handle", "base"
 SENTINEL = {HANDLE: 0x0AA5_D000_0000_0000, BASE: 0x0BA5_E000_0000_0000}
 _TAGS = {HANDLE: b"\xa5\x0a", BASE: b"\xa5\x0b"}  # bytes 6..7 of the little-endian u64
 BUFFER_SPACING = 1 << 36  # sentinel i = SENTINEL + i * BUFFER_SPACING
-RELOC_WINDOW = 1 << 32  # values within this distance of a sentinel are relocated
-MAX_BUFFERS = 64
+# Values within this distance of a sentinel are relocated: room for any buffer the generator
+# allocates plus near-bounds offsets, small enough that random payload bytes almost never
+# look like a sentinel (about 2**-17 per occurrence of a 2-byte tag).
+RELOC_WINDOW = 1 << 26
+MAX_BUFFERS = 16
 
 
 def sentinel(kind: str, index: int) -> int:

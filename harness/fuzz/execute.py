@@ -70,10 +70,12 @@ class Executor:
 
     def __init__(self, host: str, port: int, *, deadline: float = 5.0,
                  connect_timeout: float = 2.0, lockstep_wait: float = 0.05,
-                 close_deadline: float = 1.0):
+                 close_deadline: float | None = None):
         self.host, self.port = host, port
         self.deadline = deadline
-        self.close_deadline = close_deadline
+        # A server may still be busy with earlier requests (a 38 MB graph) before it reaches
+        # the one it must refuse: allow it the same deadline as an answer.
+        self.close_deadline = deadline if close_deadline is None else close_deadline
         self.connect_timeout = connect_timeout
         self.lockstep_wait = lockstep_wait
         self._scratch = bytearray(_SCRATCH)

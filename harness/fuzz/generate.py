@@ -13,14 +13,16 @@ stored -- so later steps use real handles, real bases (learned on the wire, see
 Every decision is a hypothesis draw, so a failing case shrinks: fewer steps, simpler rules,
 simpler values. Choices are ordered so that shrinking moves towards "valid" (a mutation is the
 *last* value of its choice, rule 0 is the cheapest query). Valid steps are packed directly
-(a few small draws each) because generic message strategies cost ~0.4 ms a draw; mutations
-use the shared strategies, whose descriptions feed the coverage table.
+from two draws each (rule, then one integer decoded into all sub-choices) because a
+hypothesis draw costs ~30 us and a generic message strategy ~0.4 ms; mutations use the
+shared strategies, whose descriptions feed the coverage table.
 
 The only knowledge of the server in here is the protocol itself; nothing targets known bugs.
 """
 
 from __future__ import annotations
 
+import random
 from functools import lru_cache
 
 from hypothesis import strategies as st
@@ -32,6 +34,7 @@ from . import strategies as rst
 from .case import BASE, HANDLE, Case, annotate, sentinel, step
 
 MAX_BUFFERS = 6
+MIN_TENSOR_BUFFER = 256  # valid tensors go into buffers at least this big (tiny ones: mutations)
 BUFFER_SIZES = (256, 1024, 4096, 32, 65536, 0)  # shrinks towards 256
 # Types whose blocks are small enough for the buffers above; f32 first (the simplest).
 _TYPES = (ggml.TYPE_F32, ggml.TYPE_F16, 2, 8, 26, 24, 30, 10, 12)  # q4_0 q8_0 i32 i8 bf16 q2_K q4_K
@@ -39,7 +42,7 @@ _ALIGN = 32
 _PROBE = m.GetAlignmentRequest(0)
 
 
-@lru_cache(maxsize=1 << 16)
+@lru_cache(maxsize=1024)
 def _ints(lo: int, hi: int) -> st.SearchStrategy[int]:
     """st.integers, built once per range: building a strategy costs as much as drawing it."""
     return st.integers(lo, hi)
@@ -133,14 +136,25 @@ def _tensor_in(c: _Choices, model: _Model, i: int) -> RpcTensor:
     return rec.with_(buffer=region.handle, data=region.base + c.int(0, slots) * _ALIGN)
 
 
+class _NeedBuffer(Exception):
+    """A rule needs a live buffer big enough for its tensors: allocate one first."""
+
+
+def _roomy(model: _Model, need: int = MIN_TENSOR_BUFFER) -> tuple[int, ...]:
+    found = tuple(i for i in model.live() if model.regions[i].size >= need)
+    if not found:
+        raise _NeedBuffer()
+    return found
+
+
 def _pick_tensor(c: _Choices, model: _Model) -> RpcTensor:
-    """A tensor written earlier (still in a live buffer), or a fresh one in a live buffer."""
-    live = model.live()
+    """A tensor written earlier (still in a live buffer), or a fresh one in a roomy buffer."""
+    roomy = _roomy(model)
     if model.tensors and c.bool():
-        known = [t for t in model.tensors if _owner(model, t) in live]
+        known = [t for t in model.tensors if _owner(model, t) in roomy]
         if known:
             return c.pick(known)
-    return _tensor_in(c, model, c.pick(live))
+    return _tensor_in(c, model, c.pick(roomy))
 
 
 def _owner(model: _Model, t: RpcTensor) -> int:
@@ -201,7 +215,7 @@ def _rule_free(c, draw, d, model):
 
 
 def _rule_clear(c, draw, d, model):
-    i = c.pick(model.live())
+    i = c.pick(model.live() or _roomy(model))
     return [step(_frame(d, m.BufferClearRequest(model.regions[i].handle, c.int(0, 255))),
                  Cmd.BUFFER_CLEAR.value)]
 
@@ -232,13 +246,13 @@ def _rule_memset(c, draw, d, model):
 
 def _rule_copy(c, draw, d, model):
     src = _pick_tensor(c, model)
-    j = c.pick(model.live())
-    dst = _tensor_in(c, model, j)
-    if nbytes(dst) < nbytes(src) or dst.type != src.type:
-        dst = dst.with_(type=src.type, ne=src.ne, nb=src.nb)
-        region = model.regions[j]
-        if dst.data + nbytes(src) > region.end:
-            dst = dst.with_(data=region.base)
+    n = nbytes(src)
+    j = c.pick(_roomy(model, max(n, MIN_TENSOR_BUFFER)))
+    region = model.regions[j]
+    # Same type and shape, at an aligned offset where all of it fits.
+    slots = (region.size - n) // _ALIGN
+    dst = src.with_(id=model.new_id(), buffer=region.handle,
+                    data=region.base + c.int(0, slots) * _ALIGN)
     return [step(_frame(d, m.CopyTensorRequest(src, dst)), Cmd.COPY_TENSOR.value)]
 
 
@@ -266,34 +280,33 @@ def _rule_hash(c, draw, d, model):
     return [step(_frame(d, msg), Cmd.SET_TENSOR_HASH.value)]
 
 
-_ELEMENTWISE = (ggml.OP["ADD"], ggml.OP["MUL"], ggml.OP["SUB"], ggml.OP["DIV"])
+_ELEMENTWISE = (ggml.OP["ADD"], ggml.OP["MUL"])  # computed by every server, the reference too
 
 
 def _rule_graph(c, draw, d, model):
-    i = c.pick(model.live())
-    region = model.regions[i]
+    rich = c.int(0, 7) == 7
+    # Valid graphs live in a buffer that holds them (a real client never computes tensors
+    # without memory); no such buffer yet: allocate one first.
+    need = 4096 if rich else 16 * 4 * 6
+    region = model.regions[c.pick(_roomy(model, need))]
     model.graph_stored = True
-    if c.int(0, 3) == 3:
+    if rich:
         # The shared strategy's graphs: DAGs with views, any dialect's uid rules.
         g = draw(_graphs(d.name, region))
         return [step(_frame(d, g), Cmd.GRAPH_COMPUTE.value)]
-    # A chain of same-shape elementwise f32 nodes over two leaves, all inside buffer i: what
-    # a real client sends for a small model graph, at a fraction of the strategy's cost.
+    # A chain of same-shape elementwise f32 nodes over two leaves, all inside the buffer:
+    # what a real client sends for a small model graph, at a fraction of the strategy's cost.
     n_nodes = c.int(1, 4)
     ne0 = c.int(1, 16)
     per = ne0 * 4
-    fits = region.size >= per * (n_nodes + 2)
-    leaves = []
-    for k in range(2):
-        leaves.append(RpcTensor.make(id=model.new_id(), ne=(ne0,), name=f"leaf_{k}",
-                                     buffer=region.handle if fits else 0,
-                                     data=region.base + k * per if fits else 0))
+    leaves = [RpcTensor.make(id=model.new_id(), ne=(ne0,), name=f"leaf_{k}",
+                             buffer=region.handle, data=region.base + k * per) for k in range(2)]
     prev, nodes = leaves[0], []
     for k in range(n_nodes):
         node = RpcTensor.make(id=model.new_id(), ne=(ne0,), op=c.pick(_ELEMENTWISE),
                               flags=ggml.FLAG_COMPUTE, src=(prev.id, leaves[1].id),
-                              buffer=region.handle if fits else 0, name=f"node_{k}",
-                              data=region.base + (k + 2) * per if fits else 0, use_count=1)
+                              buffer=region.handle, name=f"node_{k}",
+                              data=region.base + (k + 2) * per, use_count=1)
         nodes.append(node)
         prev = node
     g = m.GraphComputeRequest(device=0, nodes=tuple(n.id for n in nodes),
@@ -353,14 +366,33 @@ def _messages(dialect: str, cmd: Cmd, regions: tuple) -> st.SearchStrategy:
 # ---------------------------------------------------------------- mutations
 
 @lru_cache(maxsize=4096)
-def _body_mutations(dialect: str, regions: tuple) -> st.SearchStrategy[rst.Mutation]:
-    """Request-side mutations placed after HELLO, relative to ``regions`` (sentinels)."""
+def _body_mutations(dialect: str, regions: tuple, local_only: bool = False,
+                    ) -> st.SearchStrategy[rst.Mutation]:
+    """Request-side mutations placed after HELLO, relative to ``regions`` (sentinels).
+
+    ``local_only`` drops well-formed COMM_INIT requests: a real 8.0.0+ server acts on them by
+    listening on 0.0.0.0 or connecting out to the host named in the request (spec 12.2),
+    which a fuzzer must not make it do on somebody's network.
+    """
     d = get_dialect(dialect)
     buffers = regions or None
     parts = [rst.framing_mutations(d, buffers=buffers), rst.field_mutations(d, buffers=buffers)]
     if d.cache_flag:
         parts.append(rst.flag_mutations(d, what="cache_flag", buffers=buffers))
-    return st.one_of(parts)
+    both = st.one_of(parts)
+    if local_only and d.has(Cmd.COMM_INIT):
+        return both.filter(_not_comm_init)
+    return both
+
+
+_REFUSED_FRAMINGS = {"len_too_small", "len_too_large", "len_huge", "truncated"}
+
+
+def _not_comm_init(mut: rst.Mutation) -> bool:
+    d = mut.description
+    # These framings are refused at the length check; every other COMM_INIT mutation is a
+    # complete request the server would act on.
+    return d["cmd"] != Cmd.COMM_INIT.value or d["what"] in _REFUSED_FRAMINGS
 
 
 @lru_cache(maxsize=None)
@@ -384,11 +416,12 @@ def _mutation_step(mut: rst.Mutation):
 
 @st.composite
 def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
-          max_mutations: int = 3, mutation_odds: int = 8) -> Case:
+          max_mutations: int = 3, mutation_odds: int = 8, local_only: bool = False) -> Case:
     """One connection's worth of steps (see the module docstring).
 
     ``mutation_odds``: each body step is a mutation with probability 1/``mutation_odds``
-    (at most ``max_mutations``); 0 gives valid sessions only.
+    (at most ``max_mutations``); 0 gives valid sessions only. ``local_only``: no request
+    that makes a real server open network connections (COMM_INIT).
     """
     d = get_dialect(dialect)
     model = _Model()
@@ -411,14 +444,44 @@ def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
         if mutation_odds and len(mutations) < max_mutations and \
                 draw(_ints(0, mutation_odds - 1)) == mutation_odds - 1:
             regions = tuple(model.regions)
-            mut = draw(_body_mutations(d.name, regions))
+            mut = draw(_body_mutations(d.name, regions, local_only))
             mutations.append(mut.description)
             steps.append(_mutation_step(mut))
             continue
         rule = _RULES[draw(_ints(0, len(_RULES) - 1))]
-        if not model.live():
-            rule = _rule_alloc
-        steps += rule(_Choices(draw(_CHOICES)), draw, d, model)
+        try:
+            steps += rule(_Choices(draw(_CHOICES)), draw, d, model)
+        except _NeedBuffer:
+            if len(model.regions) < MAX_BUFFERS:
+                steps += _alloc_steps(4096, d, model)
     steps.append(step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value))
     return annotate(d, tuple(steps), meta={"mutations": mutations})
 
+
+# Rules that keep a connection's buffers as they are: steady traffic for throughput runs.
+_STEADY_RULES = (_rule_query, _rule_set, _rule_get, _rule_memset, _rule_clear, _rule_copy,
+                 _rule_init, _rule_alloc_size, _rule_hash, _rule_graph, _rule_recompute)
+
+
+def steady_session(dialect: Dialect | str, sizes: tuple[int, ...], n_steps: int,
+                   seed: int = 0) -> tuple[list, list]:
+    """Valid steps for one long-lived connection, without hypothesis (plain PRNG choices):
+    the prologue (HELLO, ALLOC_BUFFER + BUFFER_GET_BASE of ``sizes``) and ``n_steps`` body
+    steps that use those buffers and never free them. For throughput measurements."""
+    d = get_dialect(dialect)
+    rng = random.Random(seed)
+    model = _Model()
+    prologue = [step(rst.hello_request_frame(d), Cmd.HELLO.value)]
+    for size in sizes:
+        prologue += _alloc_steps(size, d, model)
+
+    def no_strategies(_strategy):
+        raise _NeedBuffer()  # skip the strategy-drawn variants: only hand-packed steps here
+    body = []
+    while len(body) < n_steps:
+        rule = _STEADY_RULES[rng.randrange(len(_STEADY_RULES))]
+        try:
+            body += rule(_Choices(rng.getrandbits(64)), no_strategies, d, model)
+        except _NeedBuffer:
+            continue
+    return prologue, body[:n_steps]

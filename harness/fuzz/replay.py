@@ -33,9 +33,14 @@ class ReplayResult:
 
     @property
     def reproduced(self) -> bool:
-        if self.observed is None:
+        o, e = self.observed, self.expected
+        if o is None:
             return False
-        return self.expected is None or self.observed.same_bug(self.expected, command=False)
+        if e is None or o.same_bug(e, command=False):
+            return True
+        # A death without a log line on one side (saved or replayed without the fault shim,
+        # see faultinfo): the signal is all there is to compare.
+        return (not o.line or not e.line) and (o.kind, o.signal) == (e.kind, e.signal)
 
     def summary(self) -> str:
         lines = [f"target   : {self.target} ({self.steps} steps)",

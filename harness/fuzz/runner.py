@@ -42,12 +42,14 @@ def culprit(case: Case, out: Outcome | None, *, lockstep: bool = False) -> str:
     if out is None:
         return case.steps[-1].cmd
     first, last = out.window(len(case.steps))
-    if lockstep:
-        return case.steps[last].cmd  # every earlier step had its chance to end the connection
     window = case.steps[first:last + 1]
+    if lockstep and case.steps[last].mutated:
+        return case.steps[last].cmd  # seen right after it: every earlier step had its chance
     for s in window:
         if s.mutated:
             return s.cmd
+    if lockstep:
+        return case.steps[last].cmd
     return window[0].cmd if window else case.steps[-1].cmd
 
 
@@ -58,13 +60,16 @@ def starts_with_hello(case: Case) -> bool:
 
 class CaseRunner:
     def __init__(self, target: Target, *, deadline: float = 5.0, rss_every: float = 0.25,
-                 settle: float = 0.02):
+                 settle: float = 0.3):
         self.target = target
         self.deadline = deadline
         self.rss_every = rss_every
-        self.settle = settle  # open-ended cases: let the server act on the length it read
+        # Open-ended cases (a length prefix the payload never fills): the server may be
+        # allocating what the prefix announced; watch its memory up to this long.
+        self.settle = settle
         self.executor: Executor | None = None
         self.pending: tuple[Case, Outcome] | None = None  # closed by the server, not yet judged
+        self.previous: tuple[Case, Outcome] | None = None  # the last case run_fast ran
         self.restarts = 0
         self._last_rss = 0.0
         self._memory: int | None = None
@@ -76,7 +81,7 @@ class CaseRunner:
     def restart(self) -> None:
         self.target.restart()
         self.restarts += 1
-        self.pending = None
+        self.pending = self.previous = None
         self._refresh()
 
     def ensure_running(self) -> None:
@@ -84,17 +89,34 @@ class CaseRunner:
             self.restart()
 
     # ---------------------------------------------------------------- memory
-    def _sample(self, case: Case):
+    def _sample(self, case: Case, always: bool = False):
         def before_close(out: Outcome) -> None:
             now = time.monotonic()
             if case.open_ended:
-                time.sleep(self.settle)  # a length prefix is read: the allocation follows it
-            elif now - self._last_rss < self.rss_every:
+                self._memory = self._watch_growth(now + self.settle)
+                self._last_rss = time.monotonic()
+                return
+            if not always and now - self._last_rss < self.rss_every:
                 return
             self._last_rss = now
             self._memory = self.target.over_memory()
         self._memory = None
         return before_close
+
+    def _watch_growth(self, until: float) -> int | None:
+        """Sample RSS until it is over the bound, stops growing, or ``until`` passes."""
+        last = self.target.rss() or 0
+        while True:
+            over = self.target.over_memory()
+            if over is not None:
+                return over
+            if time.monotonic() >= until:
+                return None
+            time.sleep(0.01)
+            now = self.target.rss() or 0
+            if now - last < (1 << 20):  # settled: less than 1 MiB more in 10 ms
+                return None
+            last = now
 
     def _memory_verdict(self, case: Case, out: Outcome) -> Verdict:
         rss = self._memory
@@ -109,20 +131,21 @@ class CaseRunner:
         (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
         out = self.executor.run(case, lockstep=lockstep, record=record,
-                                before_close=self._sample(case))
+                                before_close=self._sample(case, always=True))
         verdict = self._judge_now(case, out, lockstep=lockstep)
         if verdict is None and out.status in (OK, CLOSED):
             # Still serving? (A crash after our last answer, or a server stuck in our case.)
             if not self.target.answers_hello(timeout=self.deadline):
                 info = self.target.wait_exit(1.0)
+                cmd = culprit(case, out, lockstep=lockstep)
                 if info is not None:
-                    verdict = Verdict(self.target.death_signature(info, culprit(case, out)),
-                                      case, info.message, out)
+                    sig, detail = self.target.death_verdict(info, cmd)
+                    verdict = Verdict(sig, case, detail, out)
                 else:
                     verdict = Verdict(Signature("hang", "", "server stopped serving new "
-                                                "connections", culprit(case, out)), case,
+                                                "connections", cmd), case,
                                       "no HELLO answer on a new connection", out)
-        if verdict is not None and restart:
+        if verdict is not None and restart and _disabling(verdict):
             self.restart()
         self.pending = None
         return verdict, out
@@ -135,9 +158,9 @@ class CaseRunner:
         if out.status in (HANG, REFUSED):
             info = self.target.wait_exit(0.5)
             if info is not None:
-                return Verdict(self.target.death_signature(info, culprit(case, out,
-                                                                         lockstep=lockstep)),
-                               case, info.message, out)
+                sig, detail = self.target.death_verdict(info, culprit(case, out,
+                                                                      lockstep=lockstep))
+                return Verdict(sig, case, detail, out)
             if out.status == HANG:
                 return Verdict(Signature("hang", "", "no answer within the deadline",
                                          culprit(case, out, lockstep=lockstep)), case,
@@ -146,9 +169,8 @@ class CaseRunner:
             return self._memory_verdict(case, out)
         info = self.target.exit_info()
         if info is not None:
-            return Verdict(self.target.death_signature(info, culprit(case, out,
-                                                                     lockstep=lockstep)),
-                           case, info.message, out)
+            sig, detail = self.target.death_verdict(info, culprit(case, out, lockstep=lockstep))
+            return Verdict(sig, case, detail, out)
         return None
 
     # ---------------------------------------------------------------- campaign
@@ -160,20 +182,28 @@ class CaseRunner:
         if self.pending is not None and not starts_with_hello(case):
             verdicts += self._settle_pending()
         out = self.executor.run(case, before_close=self._sample(case))
-        hello_answered = out.proven > 0
-        if self.pending is not None:
-            if hello_answered:
-                self.pending = None  # the server lived through the previous connection
-            elif out.status in (CLOSED, REFUSED, HANG):
+        if out.proven > 0:
+            self.pending = None  # our HELLO was answered: the previous connection did no harm
+        elif starts_with_hello(case) and out.status in (CLOSED, REFUSED, HANG):
+            # Not even a valid HELLO was answered: the server was already dead or stuck, so
+            # the previous connection is the suspect (even one that ended normally: a crash
+            # may come after its last answer).
+            suspect = self.pending or self.previous
+            if suspect is not None:
+                self.pending = suspect
                 verdicts += self._settle_pending()
                 if verdicts:
+                    self.previous = None
                     return verdicts, out
         verdict = self._judge_now(case, out)
         if verdict is not None:
-            self.restart()
+            if _disabling(verdict):
+                self.restart()
+            self.previous = None
             return verdicts + [verdict], out
         if out.status == CLOSED:
             self.pending = (case, out)
+        self.previous = (case, out)
         return verdicts, out
 
     def _settle_pending(self) -> list[Verdict]:
@@ -184,8 +214,8 @@ class CaseRunner:
             return []
         info = self.target.wait_exit(1.0)
         if info is not None:
-            verdict = Verdict(self.target.death_signature(info, culprit(case, out)), case,
-                              info.message, out)
+            sig, detail = self.target.death_verdict(info, culprit(case, out))
+            verdict = Verdict(sig, case, detail, out)
         else:
             verdict = Verdict(Signature("hang", "", "server stopped serving new connections",
                                         culprit(case, out)), case,
@@ -196,6 +226,11 @@ class CaseRunner:
     def finish(self) -> list[Verdict]:
         """Judge a pending connection at the end of a run."""
         return self._settle_pending() if self.pending is not None else []
+
+
+def _disabling(verdict: Verdict) -> bool:
+    """Does the target need a restart after this? (A protocol violation leaves it serving.)"""
+    return verdict.signature.kind != "protocol"
 
 
 def _generic(detail: str) -> str:

@@ -1142,18 +1142,33 @@ def _get_tensor(msg: Message, slot: str, index: int) -> RpcTensor:
     return getattr(msg, slot[:-2])[index] if slot.endswith("[]") else getattr(msg, slot)
 
 
-def _deep_chain(depth: int, region: BufferRegion) -> GraphComputeRequest:
-    """A chain of ``depth`` DUP nodes over one leaf, for recursion-depth probing (spec 6.2)."""
+# Chain depths for recursion probing: up to 2**17 nodes (a 38 MB frame), far beyond any real
+# graph; "output_only" lists just the chain's last node, so a server that resolves sources
+# recursively has to walk the whole chain from there (spec 6.2: depth not specified).
+_CHAIN_DEPTHS = (64, 1024, 8192, 1 << 17)
+_CHAIN_LISTINGS = ("all", "output_only")
+
+
+def _deep_chain(depth: int, region: BufferRegion, listing: str = "all") -> GraphComputeRequest:
+    """A chain of ``depth`` DUP nodes over one leaf, for recursion-depth probing (spec 6.2).
+
+    ``listing``: ``"all"`` puts every node in ``nodes[]`` in execution order (what a client
+    sends), ``"output_only"`` only the last one.
+    """
     leaf = RpcTensor.make(id=0x1000, ne=(1,), buffer=region.handle if region.size >= 4 else 0,
                           data=region.base if region.size >= 4 else 0, name="leaf")
     tensors = [leaf]
-    prev = leaf
+    prev_id = leaf.id
+    dup, compute, zeros9 = ggml.OP["DUP"], ggml.FLAG_COMPUTE, (0,) * 9
     for i in range(depth):
-        node = leaf.with_(id=0x1000 + 16 * (i + 1), op=ggml.OP["DUP"], flags=ggml.FLAG_COMPUTE,
-                          src=(prev.id,) + (0,) * 9, use_count=1, name=_pad_name(b"n%d" % i))
-        tensors.append(node)
-        prev = node
-    return GraphComputeRequest(nodes=tuple(t.id for t in tensors[1:]), tensors=tuple(tensors))
+        # The constructor directly: dataclasses.replace per node would dominate deep chains.
+        node_id = 0x1000 + 16 * (i + 1)
+        tensors.append(RpcTensor(node_id, leaf.type, leaf.buffer, leaf.ne, leaf.nb, dup,
+                                 leaf.op_params, compute, (prev_id,) + zeros9, 0, 0, leaf.data,
+                                 _pad_name(b"n%d" % i), 1))
+        prev_id = node_id
+    nodes = tuple(t.id for t in tensors[1:]) if listing == "all" else (prev_id,)
+    return GraphComputeRequest(nodes=nodes, tensors=tuple(tensors))
 
 
 @st.composite
@@ -1265,9 +1280,11 @@ def _field(draw, d: Dialect, what: str, cmd: Cmd, buffers) -> Mutation:
         trailing = draw(st.binary(min_size=1, max_size=64))
         return done("graph.trailing", replace(msg, trailing=trailing), value=len(trailing))
     if what == "graph_depth":
-        depth = draw(st.sampled_from((64, 1024, 8192)))
-        g = _deep_chain(depth, region)
-        return done("graph.nodes", replace(g, uid=msg.uid, device=msg.device), value=depth)
+        depth = draw(st.sampled_from(_CHAIN_DEPTHS))
+        listing = draw(st.sampled_from(_CHAIN_LISTINGS))
+        g = _deep_chain(depth, region, listing)
+        return done("graph.nodes", replace(g, uid=msg.uid, device=msg.device), value=depth,
+                    case=listing)
     raise AssertionError(what)  # pragma: no cover
 
 

@@ -8,7 +8,8 @@ Breakage, in the order it is checked:
 
 * **death** -- the process exited; the signature is the signal (or exit code), the first
   meaningful line of its log (a ``GGML_ASSERT``, ``terminate called ...``, a Python
-  exception) and the command that was running;
+  exception, or for a silent segfault the fault shim's class and faulting module+offset,
+  see :mod:`.faultinfo`) and the command that was running;
 * **hang** -- a due answer did not come within the deadline and the process still runs;
 * **memory** -- resident memory above the bound (sampled after cases);
 * **protocol** -- the connection broke the spec (see :mod:`harness.fuzz.execute`).
@@ -38,6 +39,7 @@ from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_serve
     start_reference_server
 from ..proto import dialect_for_version, get_dialect
 from ..proto.dialects import ALIASES
+from .faultinfo import LINE_PREFIX, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
 DEFAULT_RSS_LIMIT = 1 << 30
@@ -93,7 +95,7 @@ def _slug(text: str) -> str:
 
 # Log lines that say why a process died, most telling first.
 _DEATH_PATTERNS = [re.compile(p) for p in (
-    r"GGML_ASSERT\(.*\) failed",
+    r"(?:\S+\.(?:c|cpp|h):\d+: )?GGML_ASSERT\(.*\) failed",
     r"GGML_ABORT.*|\S+\.(?:c|cpp|h):\d+: .*",
     r"terminate called .*",
     r"Assertion .* failed.*",
@@ -116,8 +118,9 @@ def normalise(line: str) -> str:
     return line[:300]
 
 
-def death_line(log_lines: list[str]) -> str:
-    """The most meaningful line of a dead server's log (normalised), or ""."""
+def death_line(log_lines: list[str], *, raw: bool = False) -> str:
+    """The most meaningful line of a dead server's log (normalised unless ``raw``), or ""."""
+    norm = (lambda x: x.strip()) if raw else normalise
     # A Python traceback: the exception and the innermost frame of ours say it all.
     for i in range(len(log_lines) - 1, -1, -1):
         m = _PY_EXC.match(log_lines[i].strip())
@@ -128,13 +131,50 @@ def death_line(log_lines: list[str]) -> str:
                 if f:
                     where = f" at {Path(f.group(1)).name}:{f.group(2)}"
                     break
-            return normalise(m.group(1)[:200] + where)
+            return norm(m.group(1)[:200] + where)
+    for line in log_lines:
+        if line.startswith(LINE_PREFIX):
+            text = _PATH.sub(r"\1", line[len(LINE_PREFIX):].strip())[:300]
+            return text if raw else _fault_site(text)
     for pat in _DEATH_PATTERNS:
         for line in log_lines:
             m = pat.search(line)
             if m:
-                return normalise(m.group(0))
+                return norm(m.group(0)) if raw else _abort_site(norm(m.group(0)))
     return ""
+
+
+_FAULT = re.compile(r"^(?P<head>.* in )(?P<mod>\S+)\+0x(?P<off>[0-9a-f]+)"
+                    r"(?: \((?P<sym>[^+)]+)\+0x[0-9a-f]+\))?$")
+_ABORT_AT = re.compile(r"^(\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm):\d+: )(.*)$")
+
+
+def _fault_site(text: str) -> str:
+    """The fault shim's line reduced to where it happened: the function when the module
+    exports one there, else the 4 KiB page of the module (one function, nearly always), so
+    two faults at neighbouring instructions of one function are one bug. A stack overflow
+    keeps its class only."""
+    m = _FAULT.match(text)
+    if m is None:
+        return text
+    if " stack overflow in " in text:
+        # Where the stack ran out depends on its random start (ASLR), not on the bug: the
+        # class alone is the signature.
+        return text.split(" in ", 1)[0]
+    if m.group("sym"):
+        return f"{m.group('head')}{m.group('mod')} ({m.group('sym')})"
+    return f"{m.group('head')}{m.group('mod')} page 0x{int(m.group('off'), 16) & ~0xFFF:x}"
+
+
+def _abort_site(text: str) -> str:
+    """An abort at ``file:line: message``: the location names the bug; a formatted message
+    (``binary_op: unsupported types: dst: q4_0, ...``) keeps only its first part, so each
+    type combination is not a bug of its own. GGML_ASSERT conditions are static: kept."""
+    m = _ABORT_AT.match(text)
+    if m is None or m.group(2).startswith("GGML_ASSERT"):
+        return text
+    first, sep, _ = m.group(2).partition(": ")
+    return m.group(1) + first + (": ..." if sep else "")
 
 
 def signal_text(info: ExitInfo) -> str:
@@ -167,15 +207,19 @@ class TargetSpec:
     @classmethod
     def parse(cls, text: str, dialect: str | None = None) -> "TargetSpec":
         text = text.strip()
+        if dialect is not None and _dialect_or_none(dialect) is None:
+            raise TargetError(f"unknown dialect {dialect!r} (see `harness dialects`)")
         if text == "ref" or text.startswith("ref-"):
-            d = get_dialect(dialect or (text[4:] if text.startswith("ref-") else "7.0.0"))
-            return cls("ref", f"ref-{d.name}", d.name)
+            name = _dialect_or_none(dialect or (text[4:] if text.startswith("ref-") else "7.0.0"))
+            if name is None:
+                raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
+            return cls("ref", f"ref-{name}", name)
         path = Path(text).expanduser()
         if path.exists():
             binary = _find_server_binary(path)
             if binary is None:
                 raise TargetError(f"{text}: no ggml-rpc-server / rpc-server in it")
-            return cls("binary", binary.name, get_dialect(dialect).name if dialect else None,
+            return cls("binary", binary.name, _dialect_or_none(dialect),
                        binary=str(binary.resolve()))
         try:
             peer = get_peer(text)
@@ -221,17 +265,20 @@ class Target:
 
     def __init__(self, spec: TargetSpec, workdir: Path, *, as_limit: int = DEFAULT_AS_LIMIT,
                  rss_limit: int = DEFAULT_RSS_LIMIT, host: str = "127.0.0.1",
-                 ready_timeout: float = 30.0):
+                 ready_timeout: float = 30.0, fault_shim: bool = True):
         self.spec = spec
         self.workdir = Path(workdir)
         self.as_limit = as_limit
         self.rss_limit = rss_limit
         self.host = host
         self.ready_timeout = ready_timeout
+        self.fault_shim = fault_shim  # name fatal signals of C servers (see faultinfo)
         self.server: ServerProcess | None = None
         self.dialect = spec.dialect
         self.starts = 0
         self.rss_peak = 0
+        self.rss_first: int | None = None  # first sample of the current process
+        self.rss_last: int | None = None
 
     # -- lifecycle
     def start(self) -> None:
@@ -241,6 +288,7 @@ class Target:
         except (ServerStartError, PeerError, OSError) as e:
             raise TargetError(f"cannot start {self.spec.name}: {e}") from None
         self.starts += 1
+        self.rss_first = self.rss_last = None
         if self.as_limit:
             try:
                 resource.prlimit(self.server.pid, resource.RLIMIT_AS,
@@ -259,12 +307,22 @@ class Target:
                                           extra_args=["--serial", "--memory", REFERENCE_MEMORY],
                                           ready_timeout=self.ready_timeout)
         if spec.kind == "peer":
-            return start_peer_server(get_peer(spec.peer or spec.name), workdir=self.workdir,
-                                     host=self.host, ready_timeout=self.ready_timeout)
+            peer = get_peer(spec.peer or spec.name)
+            if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no shim
+                return start_peer_server(peer, workdir=self.workdir, host=self.host,
+                                         ready_timeout=self.ready_timeout)
+            if not peer.available:
+                raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
+            # start_peer_server, plus the fault shim in the environment.
+            _, env = peer.server_cmd(self.host, 0, None, 1)
+            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0],
+                                       with_shim(env), name=peer.name, host=self.host,
+                                       workdir=self.workdir, ready_timeout=self.ready_timeout)
         stdbuf = shutil.which("stdbuf")
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
-        return ServerProcess.start(argv, dict(os.environ, GGML_NO_BACKTRACE="1"),
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        return ServerProcess.start(argv, with_shim(env) if self.fault_shim else env,
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=self.workdir, ready_timeout=self.ready_timeout)
 
@@ -324,6 +382,9 @@ class Target:
         v = self.server.rss_bytes() if self.server is not None else None
         if v:
             self.rss_peak = max(self.rss_peak, v)
+            if self.rss_first is None:
+                self.rss_first = v
+            self.rss_last = v
         return v
 
     def over_memory(self) -> int | None:
@@ -344,8 +405,14 @@ class Target:
         except OSError:
             return False
 
-    def death_signature(self, info: ExitInfo, command: str) -> Signature:
-        return Signature("crash", signal_text(info), death_line(self.log_lines()), command)
+    def death_verdict(self, info: ExitInfo, command: str) -> tuple[Signature, str]:
+        """The signature of a death, and a human detail (the raw log line, exit status)."""
+        lines = self.log_lines()
+        sig = Signature("crash", signal_text(info), death_line(lines), command)
+        raw = _PATH.sub(r"\1", death_line(lines, raw=True))  # no machine paths in reports
+        if raw.startswith(sig.signal):  # the fault shim's line names the signal itself
+            return sig, raw
+        return sig, f"{sig.signal}" + (f": {raw}" if raw else " (nothing in the log)")
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:

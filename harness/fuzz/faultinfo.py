@@ -1,0 +1,155 @@
+"""A tiny LD_PRELOAD shim that names a C server's fatal signal before it dies.
+
+A GGML_ASSERT prints its line, but a SIGSEGV prints nothing, so every segfault of a target
+would share one signature ("SIGSEGV", no log line) whatever its cause. The shim installs a
+handler (on an alternate stack, so stack overflows are caught too) that writes one line::
+
+    harness-fault: SIGSEGV null page in libggml-cpu.so+0x1a2b3 (ggml_vec_add_f32+0x23)
+
+-- the signal, a coarse class (null page / stack overflow: fault address within 64 KiB of the
+stack pointer / wild address / arithmetic), the module and offset of the faulting
+instruction and the nearest exported symbol -- then restores the default action and returns, so the instruction faults
+again and the process still dies of the same signal (exit status unchanged).
+
+Built once with the system C compiler into the harness cache; without a compiler the
+targets simply run without it (crash signatures are then coarser, nothing else changes).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from ..impls.registry import cache_root
+
+LINE_PREFIX = "harness-fault:"
+
+SOURCE = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+static char alt_stack[1 << 16];
+
+static size_t put(char *out, size_t n, const char *s) {
+    size_t k = strlen(s);
+    if (n + k > 480) k = 480 - n;
+    memcpy(out + n, s, k);
+    return n + k;
+}
+
+static size_t put_hex(char *out, size_t n, uintptr_t v) {
+    char tmp[2 + 2 * sizeof v];
+    size_t k = 0;
+    do { tmp[k++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v && k < sizeof tmp);
+    n = put(out, n, "0x");
+    while (k && n < 480) out[n++] = tmp[--k];
+    return n;
+}
+
+static void on_fault(int sig, siginfo_t *si, void *ctx) {
+    ucontext_t *uc = (ucontext_t *)ctx;
+    uintptr_t addr = (uintptr_t)si->si_addr, sp = 0, ip = 0;
+#if defined(__x86_64__)
+    sp = (uintptr_t)uc->uc_mcontext.gregs[REG_RSP];
+    ip = (uintptr_t)uc->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+    sp = (uintptr_t)uc->uc_mcontext.sp;
+    ip = (uintptr_t)uc->uc_mcontext.pc;
+#endif
+    const char *name = sig == SIGSEGV ? "SIGSEGV" : sig == SIGBUS ? "SIGBUS"
+                     : sig == SIGFPE ? "SIGFPE" : "SIGILL";
+    const char *kind = "wild address";
+    if (sig == SIGFPE) kind = "arithmetic";
+    else if (sig == SIGILL) kind = "illegal instruction";
+    else if (addr < 65536) kind = "null page";
+    else if (sp && addr + 65536 > sp && addr < sp + 65536) kind = "stack overflow";
+    char buf[512];
+    size_t n = put(buf, 0, "harness-fault: ");
+    n = put(buf, n, name);
+    n = put(buf, n, " ");
+    n = put(buf, n, kind);
+    Dl_info info;
+    if (ip && dladdr((void *)ip, &info) && info.dli_fname) {
+        const char *base = strrchr(info.dli_fname, '/');
+        n = put(buf, n, " in ");
+        n = put(buf, n, base ? base + 1 : info.dli_fname);
+        n = put(buf, n, "+");
+        n = put_hex(buf, n, ip - (uintptr_t)info.dli_fbase);
+        if (info.dli_sname) {  /* the nearest exported symbol, when there is one */
+            n = put(buf, n, " (");
+            n = put(buf, n, info.dli_sname);
+            n = put(buf, n, "+");
+            n = put_hex(buf, n, ip - (uintptr_t)info.dli_saddr);
+            n = put(buf, n, ")");
+        }
+    }
+    buf[n++] = '\n';
+    (void)!write(2, buf, n);
+    /* SA_RESETHAND put the default action back: returning re-runs the faulting
+       instruction and the process dies of the same signal. */
+}
+
+__attribute__((constructor)) static void harness_faultinfo_install(void) {
+    stack_t ss;
+    memset(&ss, 0, sizeof ss);
+    ss.ss_sp = alt_stack;
+    ss.ss_size = sizeof alt_stack;
+    sigaltstack(&ss, 0);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_RESETHAND | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGSEGV, &sa, 0);
+    sigaction(SIGBUS, &sa, 0);
+    sigaction(SIGFPE, &sa, 0);
+    sigaction(SIGILL, &sa, 0);
+}
+"""
+
+_built: dict[str, Path | None] = {}
+
+
+def shim_path() -> Path | None:
+    """The built shim (building it on first use), or None without a working C compiler."""
+    key = hashlib.sha1(SOURCE.encode()).hexdigest()[:12]
+    if key in _built:
+        return _built[key]
+    target = cache_root() / "fuzz" / f"faultinfo-{key}.so"
+    if not target.exists():
+        compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+        if compiler is None:
+            _built[key] = None
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+            src = Path(tmp) / "faultinfo.c"
+            src.write_text(SOURCE)
+            out = Path(tmp) / "faultinfo.so"
+            try:
+                subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(src),
+                                "-ldl"], check=True, capture_output=True, timeout=120)
+            except (OSError, subprocess.SubprocessError):
+                _built[key] = None
+                return None
+            os.replace(out, target)  # atomic: concurrent workers may build it at once
+    _built[key] = target
+    return target
+
+
+def with_shim(env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the shim preloaded (unchanged when it cannot be built)."""
+    shim = shim_path()
+    if shim is None:
+        return env
+    preload = env.get("LD_PRELOAD", "")
+    return {**env, "LD_PRELOAD": f"{shim} {preload}".strip()}

@@ -1,0 +1,194 @@
+"""The campaign report: ``reports/fuzz-<id>/report.json`` and ``report.md``.
+
+Throughput (messages = request frames written, and messages/s over the campaign's wall time,
+minimisation included), restarts, the distinct signatures with their minimal reproducers and
+the one-line replay command, and the coverage of the command x field space, counted from the
+descriptions of the mutations that were actually sent, against the catalogue of every
+mutation the strategies can produce for the dialect.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from . import strategies as rst
+
+_CLIENT_ONLY = {"hello_flags", "server_conn_caps"}  # response-side flag mutations
+
+
+def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
+    elapsed = max(progress.elapsed, 1e-9)
+    frames = progress.total("frames")
+    cases = progress.total("cases")
+    dialect = next((w.get("dialect") for w in progress.workers.values() if w.get("dialect")),
+                   spec.dialect or "7.0.0")
+    coverage = progress.merged("coverage")
+    findings = sorted(progress.findings, key=lambda f: f.get("found_after_s", 0))
+    for f in findings:
+        ids = {f["id"], f.get("claim_id", f["id"])}
+        f["duplicates"] = sum(progress.duplicates.get(i, 0) for i in ids)
+    rss_peak = max((w.get("rss_peak", 0) for w in progress.workers.values()), default=0)
+    # First and last sample of each worker's current target process: growth over a run
+    # without restarts is the leak indicator (the bound catches only what exceeds it).
+    rss_trend = {str(i): {"first": w.get("rss_first"), "last": w.get("rss_last"),
+                          "target_starts": w.get("target_starts")}
+                 for i, w in sorted(progress.workers.items())}
+    report = {
+        "format": "ggml-rpc-fuzz-report/1",
+        "target": cfg.target, "target_kind": spec.kind, "dialect": dialect,
+        "seed": cfg.seed, "workers": cfg.workers, "duration_s": cfg.duration,
+        "elapsed_s": round(elapsed, 1), "interrupted": interrupted,
+        "messages_sent": frames, "messages_per_s": round(frames / elapsed, 1),
+        "bytes_sent": progress.total("bytes"), "cases": cases,
+        "cases_per_s": round(cases / elapsed, 1), "restarts": progress.total("restarts"),
+        "shrink_attempts": progress.total("shrink_attempts"),
+        "verdicts": progress.total("verdicts"), "duplicates": progress.total("duplicates"),
+        "unconfirmed": progress.total("unconfirmed"),
+        "statuses": dict(progress.merged("statuses")),
+        "rss_peak_bytes": rss_peak, "rss_limit_bytes": cfg.rss_limit, "rss_trend": rss_trend,
+        "deadline_s": cfg.deadline, "as_limit_bytes": cfg.as_limit,
+        "findings": findings, "distinct_signatures": len(findings),
+        "coverage": coverage_summary(dialect, coverage),
+        "errors": [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors],
+        "config": cfg.to_json(),
+    }
+    report["nothing_found"] = not findings and not progress.errors
+    return report
+
+
+def coverage_summary(dialect: str, coverage: Counter) -> dict:
+    """Which (kind, what, cmd) mutations and which command x field pairs were exercised."""
+    catalogue = [c for c in rst.mutation_catalogue(dialect) if c["what"] not in _CLIENT_ONLY]
+    seen_ops: Counter = Counter()
+    fields: dict = defaultdict(Counter)
+    valid: Counter = Counter()
+    for key, n in coverage.items():
+        parts = key.split("|")
+        if parts[0] == "valid":
+            valid[parts[1]] += n
+            continue
+        kind, what, cmd, field = parts
+        cmd_key = "UNKNOWN" if cmd.startswith("UNKNOWN_") else cmd
+        seen_ops[(kind, what, cmd_key)] += n
+        fields[cmd][field] += n
+    exercised = [c for c in catalogue if (c["kind"], c["what"], c["cmd"]) in seen_ops]
+    missing = [f"{c['kind']}:{c['what']}:{c['cmd']}" for c in catalogue
+               if (c["kind"], c["what"], c["cmd"]) not in seen_ops]
+    by_kind = {}
+    for kind in rst.MUTATION_KINDS:
+        total = sum(1 for c in catalogue if c["kind"] == kind)
+        hit = sum(1 for c in exercised if c["kind"] == kind)
+        by_kind[kind] = {"exercised": hit, "catalogue": total}
+    return {
+        "mutations_exercised": len(exercised), "mutations_catalogue": len(catalogue),
+        "by_kind": by_kind, "missing": missing,
+        "command_field": {cmd: dict(sorted(f.items())) for cmd, f in sorted(fields.items())},
+        "valid_commands": dict(sorted(valid.items())),
+        "mutated_messages": sum(seen_ops.values()), "valid_messages": sum(valid.values()),
+    }
+
+
+def write_report(out: Path, report: dict) -> None:
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(report, out))
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.0f} MiB"
+
+
+def render_markdown(r: dict, out: Path) -> str:
+    lines = [f"# Fuzz campaign: {r['target']} (dialect {r['dialect']})", ""]
+    verdict = ("**Nothing found**: no crash, hang, memory growth beyond the bound or protocol "
+               "violation" if r["nothing_found"] else
+               f"**{r['distinct_signatures']} distinct signature(s) found**")
+    if r["target_kind"] == "client":
+        lines += [verdict + f" in {r['cases']:,} client sessions against a misbehaving "
+                  f"reference server over {r['elapsed_s']:.0f} s (expected defences are "
+                  "listed under connection outcomes).", ""]
+    else:
+        lines += [verdict + f" in {r['messages_sent']:,} messages ({r['cases']:,} connections) "
+                  f"over {r['elapsed_s']:.0f} s.", ""]
+    if r["interrupted"]:
+        lines += ["The campaign was interrupted before its duration ended.", ""]
+    lines += ["| | |", "|---|---|",
+              f"| target | `{r['target']}` ({r['target_kind']}) |",
+              f"| seed / workers | {r['seed']} / {r['workers']} |",
+              f"| duration | {r['elapsed_s']:.0f} s (asked {r['duration_s']:.0f} s) |",
+              f"| messages sent | {r['messages_sent']:,} ({r['bytes_sent']:,} bytes) |",
+              f"| messages/s | {r['messages_per_s']:,.0f} (all workers, minimisation included) |",
+              f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s) |",
+              f"| target restarts | {r['restarts']} |",
+              f"| verdicts / duplicates / unconfirmed | {r['verdicts']} / {r['duplicates']} / "
+              f"{r['unconfirmed']} |",
+              f"| shrink attempts | {r['shrink_attempts']} |",
+              f"| RSS peak / bound | {_mib(r['rss_peak_bytes'])} / {_mib(r['rss_limit_bytes'])} |",
+              "| RSS first -> last sample of one target process | " + ", ".join(
+                  _trend(k, v) for k, v in r.get("rss_trend", {}).items()) + " |",
+              f"| hang deadline | {r['deadline_s']:g} s |",
+              "| connection outcomes | " + ", ".join(f"{k} {v:,}" for k, v in
+                                                      sorted(r["statuses"].items())) + " |",
+              ""]
+    if r["errors"]:
+        lines += ["## Worker errors", ""] + [f"* worker {e.get('worker')}: {e.get('error')}"
+                                            for e in r["errors"]] + [""]
+    lines += ["## Findings", ""]
+    if not r["findings"]:
+        lines += ["None." + (" The reference server must never crash, hang, grow beyond its "
+                             "memory bound or break the connection rules; it did not."
+                             if r["target_kind"] == "ref" else ""), ""]
+    else:
+        lines += ["| id | kind | signal | command | log line / observation | steps (from) | "
+                  "replays | dups |", "|---|---|---|---|---|---|---|---|"]
+        for f in r["findings"]:
+            s = f["signature"]
+            replays = {True: "yes", False: "**no**", None: "?"}[f.get("replays")]
+            lines.append(f"| [{f['id']}](#{f['id']}) | {s['kind']} | {s['signal'] or '-'} | "
+                         f"{s['command']} | `{_md(s['line'] or '-')}` | {f['steps']} "
+                         f"({f.get('original_steps', f['steps'])}) | {replays} | "
+                         f"{f.get('duplicates', 0)} |")
+        lines.append("")
+        for f in r["findings"]:
+            folder = Path(f["replay"].split()[2]).parent
+            lines += [f"### {f['id']}", "", f"{_md(f['title'])}", ""]
+            if f.get("detail"):
+                lines += [f"Detail: {_md(f['detail'])}", ""]
+            if not f.get("confirmed", True):
+                lines += ["Not confirmed in isolation: the saved case is the connection that "
+                          "was running when it happened, not minimised.", ""]
+            via = (f" (hypothesis shrink: {f['hypothesis_shrunk_steps']})"
+                   if f.get("hypothesis_shrunk_steps") else "")
+            lines += [f"Reproducer: `{folder}/repro.rpct` (pcap: `{folder}/repro.pcap`, "
+                      f"regression test: `{folder}/test_repro.py`), minimised from "
+                      f"{f.get('original_steps', f['steps'])}{via} to {f['steps']} steps in "
+                      f"{f.get('minimise_seconds', 0)} s.", "",
+                      "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
+    cov = r["coverage"]
+    lines += ["## Coverage of the command x field space", "",
+              f"{cov['mutations_exercised']} of {cov['mutations_catalogue']} mutation operators "
+              f"(kind x what x command) of the dialect's catalogue were sent; "
+              f"{cov['mutated_messages']:,} mutated and {cov['valid_messages']:,} valid "
+              "messages.", "", "| kind | exercised | catalogue |", "|---|---|---|"]
+    for kind, v in cov["by_kind"].items():
+        lines.append(f"| {kind} | {v['exercised']} | {v['catalogue']} |")
+    lines += ["", "Mutated fields per command (messages sent):", "",
+              "| command | fields |", "|---|---|"]
+    for cmd, fields in cov["command_field"].items():
+        lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items()) + " |")
+    lines += ["", "Valid messages per command: " + ", ".join(
+        f"{k} {v:,}" for k, v in cov["valid_commands"].items()), ""]
+    if cov["missing"]:
+        lines += [f"Not exercised ({len(cov['missing'])}): " + ", ".join(cov["missing"]), ""]
+    return "\n".join(lines)
+
+
+def _trend(worker: str, v: dict) -> str:
+    if (v.get("target_starts") or 0) > 1 or not v.get("first"):
+        return f"w{worker}: n/a ({v.get('target_starts') or 0} target processes)"
+    return f"w{worker}: {_mib(v['first'])} -> {_mib(v['last'])} (no restart)"
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("`", "'")

@@ -1,0 +1,357 @@
+"""The fuzzer's parts without a real server: relocation, expectations, signatures, ddmin,
+reproducer files, and the executor's connection oracle against the in-process reference."""
+
+from __future__ import annotations
+
+import io
+import random
+import struct
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from harness import strategies as rst
+from harness.capture.transcript import Transcript
+from harness.fuzz.case import (BASE, HANDLE, Case, Reloc, annotate, find_relocs, relocate,
+                               sentinel, step)
+from harness.fuzz.display import parse_duration
+from harness.fuzz.execute import CLOSED, HANG, OK, PROTOCOL, Executor
+from harness.fuzz.generate import cases, steady_session
+from harness.fuzz.replay import load
+from harness.fuzz.runner import culprit
+from harness.fuzz.shrink import Budget, ddmin, minimise_case, save_reproducer
+from harness.fuzz.target import Signature, TargetError, TargetSpec, death_line, normalise
+from harness.peer.knobs import Misbehaviour
+from harness.peer.server import ReferenceServer
+from harness.peer.server_core import ServerConfig
+from harness.proto import RpcTensor, get_dialect, pack_request
+from harness.proto import messages as m
+
+D7 = get_dialect("7.0.0")
+U64 = struct.Struct("<Q")
+
+
+def frame(msg) -> bytes:
+    return pack_request(D7, msg)
+
+
+def hello() -> bytes:
+    return rst.hello_request_frame(D7)
+
+
+# ---------------------------------------------------------------- relocation
+
+def test_relocations_follow_the_sentinels_whatever_the_field():
+    h, b = sentinel(HANDLE, 1), sentinel(BASE, 1)
+    t = RpcTensor.make(id=0x1000, ne=(4,), buffer=h, data=b - 1, src=(b + 4096 + 1,))
+    f = frame(m.GetTensorRequest(t, 0, 4))
+    relocs = find_relocs(f)
+    assert [(r.kind, r.index, r.addend) for r in relocs] == [
+        (HANDLE, 1, 0), (BASE, 1, 4097), (BASE, 1, -1)]  # buffer, src[0], data (by offset)
+    live = {HANDLE: [0, 0x5555_0000_1000], BASE: [0, 0x5555_0000_8000]}
+    out = RpcTensor.unpack_from(relocate(f, relocs, live), 9)
+    assert out.buffer == 0x5555_0000_1000
+    assert out.data == 0x5555_0000_8000 - 1
+    assert out.src[0] == 0x5555_0000_8000 + 4097
+
+
+def test_relocation_of_an_unlearned_buffer_counts_from_zero():
+    f = frame(m.BufferGetBaseRequest(sentinel(HANDLE, 3) + 16))
+    (r,) = find_relocs(f)
+    assert r == Reloc(9, HANDLE, 3, 16)
+    assert U64.unpack_from(relocate(f, [r], {HANDLE: [7], BASE: [0]}), 9)[0] == 16
+
+
+def test_random_bytes_are_not_relocated():
+    rng = random.Random(1)
+    blob = rng.randbytes(1 << 20)
+    assert find_relocs(blob) == ()
+
+
+# ---------------------------------------------------------------- expectations
+
+def test_annotate_gives_each_step_the_answers_the_spec_requires():
+    case = annotate(D7, (step(hello(), "HELLO"),
+                         step(frame(m.AllocBufferRequest(0, 256)), "ALLOC_BUFFER"),
+                         step(frame(m.BufferClearRequest(1, 0)), "BUFFER_CLEAR"),
+                         step(frame(m.GetAlignmentRequest(0)) * 2, "GET_ALIGNMENT")))
+    assert [s.expect for s in case.steps] == [(28,), (16,), (), (8, 8)]
+    assert case.protocol_error_at is None and not case.open_ended
+
+
+def test_annotate_marks_the_first_refused_step_and_open_frames():
+    bad = annotate(D7, (step(hello(), "HELLO"), step(bytes([200]) + U64.pack(0), "UNKNOWN_200"),
+                        step(frame(m.GetAlignmentRequest(0)), "GET_ALIGNMENT")))
+    assert bad.protocol_error_at == 1 and bad.steps[2].expect == ()
+    # A SET_TENSOR announcing 1 MiB but carrying its header only: the server waits.
+    head = frame(m.SetTensorRequest(RpcTensor.make(id=1), 0, 0, b""))
+    waiting = bytes([head[0]]) + U64.pack(1 << 20) + head[9:]
+    open_case = annotate(D7, (step(hello(), "HELLO"), step(waiting, "SET_TENSOR"),
+                              step(frame(m.GetAlignmentRequest(0)), "GET_ALIGNMENT")))
+    assert open_case.open_ended and open_case.steps[2].expect == ()
+
+
+# ---------------------------------------------------------------- generation
+
+@settings(max_examples=60, suppress_health_check=list(HealthCheck))
+@given(cases("7.0.0", mutation_odds=0))
+def test_valid_sessions_decode_and_start_like_a_client(case):
+    assert case.protocol_error_at is None and not case.open_ended
+    assert case.steps[0].cmd == "HELLO" and case.steps[-1].cmd == "GET_ALIGNMENT"
+    assert case.steps[1].learn == (HANDLE, 0) and case.steps[2].learn == (BASE, 0)
+    assert not any(s.mutated for s in case.steps)
+
+
+@settings(max_examples=60, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(["7.0.0", "9.0.0", "3.6.1"]).flatmap(
+    lambda d: cases(d, mutation_odds=2)))
+def test_mutated_steps_carry_well_formed_descriptions(case):
+    for s in case.steps:
+        if s.mutated:
+            rst.check_description(s.desc)
+            assert s.desc["direction"] == "request"
+
+
+@pytest.mark.parametrize("dialect", ["3.6.1", "5.0.0", "7.0.0", "8.0.0", "9.0.0"])
+def test_steady_sessions_are_valid_in_every_dialect(dialect):
+    prologue, body = steady_session(dialect, (4096, 1024), 300, seed=2)
+    case = annotate(dialect, tuple(prologue + body))
+    assert case.protocol_error_at is None and len(body) == 300
+
+
+# ---------------------------------------------------------------- signatures
+
+def test_normalise_drops_paths_addresses_and_sizes():
+    raw = ("/root/.cache/x/src/ggml/ggml-rpc.cpp:1414: GGML_ASSERT(tensor->data >= "
+           "buffer_start) failed at 0x55d1c0a0 size 123456")
+    assert normalise(raw) == ("ggml-rpc.cpp:1414: GGML_ASSERT(tensor->data >= buffer_start) "
+                              "failed at 0x? size N")
+
+
+def test_death_line_prefers_the_assert_and_reads_python_tracebacks():
+    log = ["Accepted client connection", "/a/b/ggml.c:1787: GGML_ASSERT(x > y) failed",
+           "Expected HELLO command"]
+    assert death_line(log) == "ggml.c:1787: GGML_ASSERT(x > y) failed"
+    tb = ["Traceback (most recent call last):",
+          '  File "/srv/harness/peer/server_core.py", line 10, in _alloc_buffer',
+          "    x = y[3]", "KeyError: 3"]
+    assert death_line(tb) == "KeyError: 3 at server_core.py:_alloc_buffer"
+    assert death_line(["terminate called after throwing an instance of 'std::bad_alloc'"]) \
+        == "terminate called after throwing an instance of 'std::bad_alloc'"
+    # The fault shim's line wins, reduced to the function (or module page) it names.
+    assert death_line(["Accepted client connection",
+                       "harness-fault: SIGSEGV null page in libc.so.6+0x16d870"]) \
+        == "SIGSEGV null page in libc.so.6 page 0x16d000"
+    add = ("harness-fault: SIGSEGV null page in libggml-cpu.so.0+0x79b78 "
+           "(ggml_compute_forward_add_non_quantized+0x478)")
+    assert death_line([add]) == \
+        "SIGSEGV null page in libggml-cpu.so.0 (ggml_compute_forward_add_non_quantized)"
+    assert death_line([add], raw=True) == add[len("harness-fault: "):]
+    assert death_line(["harness-fault: SIGSEGV stack overflow in libggml-base.so.0+0x1dbb2 "
+                       "(ggml_row_size+0x12)"]) == "SIGSEGV stack overflow"
+    # A formatted abort message: its site, not every type combination, is the bug.
+    assert death_line(["/x/binary-ops.cpp:135: binary_op: unsupported types: dst: q4_0, "
+                       "src0: f32, src1: f32"]) == "binary-ops.cpp:135: binary_op: ..."
+    assert death_line(["/x/ops.cpp:571: fatal error"]) == "ops.cpp:571: fatal error"
+
+
+def test_signatures_dedupe_on_signal_line_and_command():
+    a = Signature("crash", "SIGABRT", "ggml.c:1: GGML_ASSERT(x) failed", "GET_TENSOR")
+    b = Signature("crash", "SIGABRT", "ggml.c:1: GGML_ASSERT(x) failed", "GET_TENSOR")
+    c = Signature("crash", "SIGABRT", "ggml.c:1: GGML_ASSERT(x) failed", "SET_TENSOR")
+    assert a == b and a.id == b.id and len({a, b, c}) == 2
+    assert a.same_bug(c, command=False) and not a.same_bug(c)
+    assert a.id.startswith("crash-get_tensor-") and a.id != c.id
+    assert Signature.from_json(a.to_json()) == a
+
+
+def test_culprit_is_the_mutated_step_in_the_window():
+    steps = (step(hello(), "HELLO"), step(frame(m.GetAlignmentRequest(0)), "GET_ALIGNMENT"),
+             step(frame(m.BufferClearRequest(1, 0)), "BUFFER_CLEAR", desc={"kind": "field"}),
+             step(frame(m.GetMaxSizeRequest(0)), "GET_MAX_SIZE"))
+    case = annotate(D7, steps)
+    from harness.fuzz.execute import Outcome
+    out = Outcome(CLOSED, progress=4, proven=2, at=3)
+    assert culprit(case, out) == "BUFFER_CLEAR"
+    assert culprit(case, out, lockstep=True) == "BUFFER_CLEAR"
+    # Lockstep: nothing mutated in the window -> the step the end was seen at.
+    valid = annotate(D7, steps[:2] + (step(frame(m.BufferClearRequest(1, 0)), "BUFFER_CLEAR"),
+                                      steps[3]))
+    assert culprit(valid, out) == "BUFFER_CLEAR"
+    assert culprit(valid, out, lockstep=True) == "GET_MAX_SIZE"
+
+
+# ---------------------------------------------------------------- minimisation
+
+def test_ddmin_finds_the_one_minimal_subsequence():
+    calls = []
+
+    def fails(xs):
+        calls.append(len(xs))
+        return 3 in xs and 17 in xs
+    assert ddmin(list(range(40)), fails, Budget(10)) == [3, 17]
+    assert len(calls) < 200
+
+
+def test_ddmin_stops_on_its_budget_with_a_failing_list():
+    out = ddmin(list(range(64)), lambda xs: 5 in xs, Budget(10, attempts=3))
+    assert 5 in out and len(out) < 64
+
+
+def test_minimise_case_keeps_order_and_the_signature():
+    # A "target" that breaks when an unknown command follows a BUFFER_CLEAR.
+    steps = [step(hello(), "HELLO")] + [step(frame(m.GetAlignmentRequest(0)), "GET_ALIGNMENT")
+                                         for _ in range(10)]
+    steps.insert(4, step(frame(m.BufferClearRequest(1, 0)), "BUFFER_CLEAR"))
+    steps.insert(9, step(bytes([99]) + U64.pack(0), "UNKNOWN_99"))
+    case = annotate(D7, tuple(steps))
+
+    def same(c: Case) -> bool:
+        cmds = [s.cmd for s in c.steps]
+        return "BUFFER_CLEAR" in cmds and "UNKNOWN_99" in cmds[cmds.index("BUFFER_CLEAR"):]
+    small = minimise_case(case, same, Budget(10))
+    assert [s.cmd for s in small.steps] == ["BUFFER_CLEAR", "UNKNOWN_99"]
+
+
+# ---------------------------------------------------------------- reproducer files
+
+def test_reproducer_round_trip(tmp_path):
+    steps = (step(hello(), "HELLO"),
+             step(frame(m.AllocBufferRequest(0, 256)), "ALLOC_BUFFER", learn=(HANDLE, 0)),
+             step(frame(m.BufferGetBaseRequest(sentinel(HANDLE, 0))), "BUFFER_GET_BASE",
+                  learn=(BASE, 0)),
+             step(frame(m.GetTensorRequest(RpcTensor.make(id=1, ne=(4,), buffer=sentinel(
+                 HANDLE, 0), data=sentinel(BASE, 0) + 250), 0, 16)), "GET_TENSOR",
+                  desc={"kind": "field", "what": "data_near_bounds", "field": "tensor.data"}))
+    case = annotate(D7, steps)
+    sig = Signature("crash", "SIGABRT", "ggml-rpc.cpp:1414: GGML_ASSERT(x) failed", "GET_TENSOR")
+    finding = save_reproducer(tmp_path / sig.id, signature=sig, case=case, outcome=None,
+                              target="p7", dialect="7.0.0", detail="test")
+    folder = tmp_path / sig.id
+    assert {p.name for p in folder.iterdir()} == {"repro.rpct", "repro.pcap", "finding.json",
+                                                  "test_repro.py"}
+    assert finding["replay"] == f"harness replay {folder}/repro.rpct --target p7"
+    for path in (folder, folder / "repro.rpct", folder / "finding.json"):
+        loaded, loaded_sig, meta = load(path)
+        assert loaded.steps == case.steps and loaded_sig == sig and meta["target"] == "p7"
+    session = Transcript.load(folder / "repro.rpct").decode("7.0.0")
+    assert [e.cmd.value for e in session.exchanges] == ["HELLO", "ALLOC_BUFFER",
+                                                        "BUFFER_GET_BASE", "GET_TENSOR"]
+    compile((folder / "test_repro.py").read_text(), "test_repro.py", "exec")
+
+
+def test_plain_transcripts_replay_verbatim(tmp_path):
+    tr = Transcript(meta={"dialect": "7.0.0"})
+    tr.add(0.0, "c2s", hello())
+    tr.add(0.1, "c2s", frame(m.GetAlignmentRequest(0)))
+    tr.save(tmp_path / "x.rpct")
+    case, sig, _ = load(tmp_path / "x.rpct")
+    assert sig is None and [s.expect for s in case.steps] == [(28,), (8,)]
+
+
+# ---------------------------------------------------------------- options and targets
+
+def test_parse_duration():
+    assert parse_duration("10m") == 600 and parse_duration("90s") == 90
+    assert parse_duration("1m30s") == 90 and parse_duration("45") == 45
+    with pytest.raises(ValueError):
+        parse_duration("ten minutes")
+
+
+def test_target_specs():
+    assert TargetSpec.parse("ref") == TargetSpec("ref", "ref-7.0.0", "7.0.0")
+    assert TargetSpec.parse("ref-9").dialect == "9.0.0"
+    assert TargetSpec.parse("ref", "7f").name == "ref-7.0.0+flags"
+    with pytest.raises(TargetError):
+        TargetSpec.parse("no-such-peer-anywhere")
+
+
+# ---------------------------------------------------------------- the connection oracle
+
+@pytest.fixture
+def reference():
+    servers = []
+
+    def start(**knobs) -> ReferenceServer:
+        srv = ReferenceServer(ServerConfig(dialect=D7, memory_budget=64 << 20,
+                                           knobs=Misbehaviour(**knobs)),
+                              serial=True, idle_timeout=5, out=io.StringIO(), err=io.StringIO())
+        srv.start()
+        servers.append(srv)
+        return srv
+    yield start
+    for s in servers:
+        s.stop()
+
+
+def _session(*extra: bytes) -> Case:
+    steps = [step(hello(), "HELLO"),
+             step(frame(m.AllocBufferRequest(0, 1024)), "ALLOC_BUFFER", learn=(HANDLE, 0)),
+             step(frame(m.BufferGetBaseRequest(sentinel(HANDLE, 0))), "BUFFER_GET_BASE",
+                  learn=(BASE, 0))]
+    steps += [step(e, "X") for e in extra]
+    return annotate(D7, tuple(steps))
+
+
+def test_executor_learns_live_values_and_relocates(reference):
+    srv = reference()
+    t = RpcTensor.make(id=1, ne=(4,), buffer=sentinel(HANDLE, 0), data=sentinel(BASE, 0) + 32)
+    case = _session(frame(m.SetTensorRequest(t, 0, 0, b"\1\2\3\4" * 4)),
+                    frame(m.GetTensorRequest(t, 0, 16)))
+    out = Executor(srv.host, srv.port, deadline=5).run(case, record=True)
+    assert out.status == OK and out.proven == len(case.steps)
+    assert out.live[HANDLE][0] and out.live[BASE][0]
+    assert out.log[-1][0] == "s2c" and out.log[-1][2].endswith(b"\1\2\3\4" * 4)
+
+
+def test_executor_sees_a_close_a_bad_length_and_a_hang(reference):
+    srv = reference()
+    closed = Executor(srv.host, srv.port).run(_session(frame(m.BufferGetBaseRequest(12345))))
+    assert closed.status == CLOSED and closed.at == 3
+    garbled = reference(garble_response_len="GET_ALIGNMENT")
+    out = Executor(garbled.host, garbled.port).run(_session(frame(m.GetAlignmentRequest(0))))
+    assert out.status == PROTOCOL and "9-byte payload" in out.detail
+    stalled = reference(stall_on="GET_MAX_SIZE")
+    out = Executor(stalled.host, stalled.port, deadline=0.5).run(
+        _session(frame(m.GetMaxSizeRequest(0))))
+    assert out.status == HANG and out.at == 3
+
+
+def test_executor_requires_a_close_after_a_refused_request(reference):
+    srv = reference()
+    out = Executor(srv.host, srv.port).run(_session(bytes([200]) + U64.pack(0)))
+    assert out.status == CLOSED  # the reference closes, as the spec says
+
+
+def test_deep_chains_can_list_only_their_output():
+    from harness.fuzz.strategies import _deep_chain
+    region = rst.BufferRegion(sentinel(HANDLE, 0), sentinel(BASE, 0), 4096)
+    every = _deep_chain(100, region)
+    last = _deep_chain(100, region, "output_only")
+    assert len(every.nodes) == 100 and last.nodes == (every.nodes[-1],)
+    assert last.tensors == every.tensors
+    case = annotate(D7, (step(hello(), "HELLO"), step(frame(last), "GRAPH_COMPUTE")))
+    assert case.protocol_error_at is None
+    chain = {t.id: t.src[0] for t in last.tensors}
+    depth, node = 0, last.nodes[0]
+    while chain.get(node):
+        node, depth = chain[node], depth + 1
+    assert depth == 100  # resolving the one listed node walks the whole chain
+
+
+def test_runner_reports_memory_above_the_bound_and_restarts(tmp_path):
+    from harness.fuzz.runner import CaseRunner
+    from harness.fuzz.target import Target
+    target = Target(TargetSpec.parse("ref"), tmp_path / "t", rss_limit=1 << 20)  # 1 MiB: always over
+    target.start()
+    try:
+        runner = CaseRunner(target, deadline=5)
+        pid = target.server.pid
+        verdict, out = runner.check(_session(frame(m.GetAlignmentRequest(0))))
+        assert out.status == OK
+        assert verdict.signature.kind == "memory" and verdict.signature.command == "X"
+        assert "bound 1 MiB" in verdict.detail
+        assert runner.restarts == 1 and target.server.pid != pid and target.exit_info() is None
+    finally:
+        target.stop()
