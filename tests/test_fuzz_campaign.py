@@ -182,3 +182,37 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     assert overflow.detail.startswith("SIGSEGV stack overflow in ")
     assert nullptr.signature.line.startswith("SIGSEGV null page in ")
     assert overflow.signature != nullptr.signature
+
+
+@realpeer
+def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
+    """After the first death a spare process is kept listening: a restart hands over a live
+    server on another port, and stop() leaves no process behind."""
+    require_peer_dir()
+    import os
+    import signal
+    import time
+    from harness.fuzz.target import Target, TargetSpec
+    target = Target(TargetSpec.parse("p7"), tmp_path / "t", standby=True)
+    target.start()
+    pids = [target.server.pid]
+    try:
+        for _ in range(4):
+            os.kill(target.server.pid, signal.SIGKILL)  # a crash
+            assert target.wait_exit(5.0) is not None
+            target.restart()
+            pids.append(target.server.pid)
+            assert target.exit_info() is None and target.answers_hello(timeout=5.0)
+        spare = target._spare.result(timeout=30)
+        assert spare.poll() is None and spare.pid not in pids
+        t0 = time.monotonic()
+        os.kill(target.server.pid, signal.SIGKILL)
+        target.wait_exit(5.0)
+        target.restart()
+        assert target.server.pid == spare.pid  # the swap, not a launch
+        assert time.monotonic() - t0 < 5.0
+    finally:
+        target.stop()
+    assert len(set(pids)) == len(pids)
+    for pid in pids + [spare.pid]:  # stopped and reaped (no zombie left)
+        assert not os.path.exists(f"/proc/{pid}"), pid

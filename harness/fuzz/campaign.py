@@ -102,7 +102,7 @@ class _Worker:
         self.emit = emit
         self.spec = TargetSpec.parse(cfg.target, cfg.dialect)
         self.target = Target(self.spec, out / "work" / f"w{index}", as_limit=cfg.as_limit,
-                             rss_limit=cfg.rss_limit)
+                             rss_limit=cfg.rss_limit, standby=True)
         self.runner: CaseRunner | None = None
         self.dialect = self.spec.dialect
         self.strategy = None
