@@ -59,6 +59,11 @@ def test_campaign_against_real_7_finds_minimal_reproducers_that_replay(tmp_path)
     assert replay(first, "p7").reproduced
     # The same reproducer does nothing to the reference server.
     assert not replay(first, "ref").reproduced
+    # The generated regression test fails while the bug is there (pytest exit status 1).
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider",
+                           str(first.with_name("test_repro.py"))], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)
+    assert proc.returncode == 1 and "1 failed" in proc.stdout, proc.stdout + proc.stderr
 
 
 @realpeer

@@ -267,6 +267,16 @@ def test_target_specs():
         TargetSpec.parse("no-such-peer-anywhere")
 
 
+def test_a_peer_name_wins_over_a_folder_of_that_name(tmp_path, monkeypatch):
+    # A campaign's out dir is often named after its target (reports/.../p7): `p7` is still
+    # the peer; `./p7` is the folder (which holds no server).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "p7").mkdir()
+    assert TargetSpec.parse("p7").kind == "peer"
+    with pytest.raises(TargetError, match="no ggml-rpc-server"):
+        TargetSpec.parse("./p7")
+
+
 # ---------------------------------------------------------------- the connection oracle
 
 @pytest.fixture

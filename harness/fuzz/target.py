@@ -216,7 +216,10 @@ class TargetSpec:
                 raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
             return cls("ref", f"ref-{name}", name)
         path = Path(text).expanduser()
-        if path.exists():
+        # A bare word names a peer even where a folder of that name exists (a campaign's
+        # out dir is often called after its target); paths are spelt with a slash.
+        looks_like_path = os.sep in text or text.startswith(("~", "."))
+        if path.exists() and (looks_like_path or not _is_peer_name(text)):
             binary = _find_server_binary(path)
             if binary is None:
                 raise TargetError(f"{text}: no ggml-rpc-server / rpc-server in it")
@@ -234,6 +237,14 @@ class TargetSpec:
     @property
     def is_reference(self) -> bool:
         return self.kind == "ref"
+
+
+def _is_peer_name(text: str) -> bool:
+    try:
+        get_peer(text)
+        return True
+    except PeerError:
+        return False
 
 
 def _dialect_or_none(name: str | None) -> str | None:
