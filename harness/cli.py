@@ -425,6 +425,9 @@ def fuzz(
                                          "per finding."),
     max_steps: int = typer.Option(32, "--max-steps", help="Most steps in one connection."),
     keep_work: bool = typer.Option(False, "--keep-work", help="Keep the targets' work dirs/logs."),
+    fail_on_findings: bool = typer.Option(False, "--fail-on-findings", help="Exit 1 if anything "
+                                          "was found (for CI gating a server that must be "
+                                          "clean, like the reference one)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -433,7 +436,8 @@ def fuzz(
                                   seed=seed, workers=workers, out=out, deadline=deadline,
                                   rss_limit=parse_size(rss_limit), as_limit=parse_size(as_limit),
                                   corpus=corpus, shrink_seconds=shrink_seconds,
-                                  max_steps=max_steps, keep_work=keep_work))
+                                  max_steps=max_steps, keep_work=keep_work,
+                                  fail_on_findings=fail_on_findings))
 
 
 @app.command()

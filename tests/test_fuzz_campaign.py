@@ -128,7 +128,8 @@ def test_workers_each_run_a_target_and_share_one_dedupe(tmp_path):
 def test_fuzz_and_replay_commands(tmp_path):
     out = tmp_path / "cli"
     proc = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--target", "ref",
-                           "--duration", "6s", "--seed", "2", "--out", str(out)],
+                           "--duration", "6s", "--seed", "2", "--out", str(out),
+                           "--fail-on-findings"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"report: {out}/report.md" in proc.stdout
@@ -221,3 +222,15 @@ def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
     assert len(set(pids)) == len(pids)
     for pid in pids + [spare.pid]:  # stopped and reaped (no zombie left)
         assert not os.path.exists(f"/proc/{pid}"), pid
+
+
+@slow
+@realpeer
+def test_fail_on_findings_gates_ci(tmp_path):
+    require_peer_dir()
+    proc = subprocess.run([sys.executable, "-m", "harness", "fuzz", "--target", "p7",
+                           "--duration", "8s", "--seed", "3", "--shrink-seconds", "3",
+                           "--out", str(tmp_path / "p7"), "--fail-on-findings"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert json.loads((tmp_path / "p7" / "report.json").read_text())["findings"]

@@ -14,8 +14,9 @@ CLIENT_PREFIX = "client:"
 def fuzz_command(console: Console, *, target: str, dialect: str | None, duration: str,
                  seed: int | None, workers: int, out: Path | None, deadline: float,
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
-                 max_steps: int, keep_work: bool) -> int:
-    """Run a campaign and print where its report is; exit status 0 (findings are results)."""
+                 max_steps: int, keep_work: bool, fail_on_findings: bool = False) -> int:
+    """Run a campaign and print where its report is. Exit status 0: findings are results,
+    unless ``fail_on_findings`` (then 1 if anything was found)."""
     from .display import LiveProgress, parse_duration
 
     try:
@@ -44,7 +45,7 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
     console.print((folder / "report.md").read_text(), markup=False, highlight=False,
                   soft_wrap=True)
     console.print(f"report: {folder}/report.md", highlight=False, soft_wrap=True)
-    return 0
+    return 1 if fail_on_findings and not report.get("nothing_found") else 0
 
 
 def replay_command(console: Console, file: Path, *, target: str, dialect: str | None,
