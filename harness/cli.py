@@ -266,30 +266,13 @@ def parse_size(text: str) -> int:
 
 
 def parse_knobs(items: list[str]):
-    """NAME=VALUE pairs into a Misbehaviour (ints accept 0x.., bools true/false, tuples a.b.c)."""
-    from dataclasses import fields
+    """NAME=VALUE pairs into a Misbehaviour (see harness.peer.knobs.parse_knobs)."""
+    from .peer.knobs import parse_knobs as parse
 
-    from .peer.knobs import Misbehaviour
-
-    known = {f.name for f in fields(Misbehaviour)}
-    values: dict = {}
-    for item in items:
-        name, _, raw = item.partition("=")
-        if name not in known:
-            raise typer.BadParameter(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
-        raw = raw.strip()
-        if raw.lower() in ("true", "false"):
-            values[name] = raw.lower() == "true"
-        elif name == "hello_version":
-            values[name] = tuple(int(x) for x in raw.split("."))
-        elif name in ("hello_caps", "client_caps", "trailing_bytes"):
-            values[name] = raw
-        else:
-            try:
-                values[name] = int(raw, 0)
-            except ValueError:
-                values[name] = raw
-    return Misbehaviour.from_dict(values)
+    try:
+        return parse(items)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def _yn(b: bool) -> str:

@@ -234,3 +234,25 @@ def test_fail_on_findings_gates_ci(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert json.loads((tmp_path / "p7" / "report.json").read_text())["findings"]
+
+
+@slow
+@pytest.mark.parametrize("knob, kind, command, most_steps", [
+    # BUFFER_CLEAR has no answer: the stall shows at the next request, and is still named.
+    ("stall_on=BUFFER_CLEAR", "hang", "BUFFER_CLEAR", 3),
+    ("garble_response_len=GET_ALIGNMENT", "protocol", "GET_ALIGNMENT", 2),
+])
+def test_planted_bugs_are_found_named_and_minimised(tmp_path, knob, kind, command, most_steps):
+    """The oracle works: a reference server with one planted bug (a misbehaviour knob) gives
+    exactly that finding, minimised, and it replays against the same planted target only."""
+    target = f"ref:{knob}"
+    out, report = run_campaign(CampaignConfig(target=target, duration=15, seed=4, deadline=1.0,
+                                              out=tmp_path / "c", shrink_seconds=15))
+    assert not report["errors"], report["errors"]
+    assert [(f["signature"]["kind"], f["signature"]["command"]) for f in report["findings"]] \
+        == [(kind, command)], report["findings"]
+    (f,) = report["findings"]
+    assert f["confirmed"] and f["replays"] and f["steps"] <= most_steps, f["listing"]
+    repro = out / "crashes" / f["id"] / "repro.rpct"
+    assert replay(repro, target, deadline=1.0).reproduced
+    assert not replay(repro, "ref", deadline=1.0).reproduced

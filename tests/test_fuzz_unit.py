@@ -180,6 +180,10 @@ def test_culprit_is_the_mutated_step_in_the_window():
                                       steps[3]))
     assert culprit(valid, out) == "BUFFER_CLEAR"
     assert culprit(valid, out, lockstep=True) == "GET_MAX_SIZE"
+    # A hang is not seen at its step: GET_MAX_SIZE went unanswered, but the server may be
+    # stuck in the BUFFER_CLEAR before it (no answer due), the first suspect.
+    hung = Outcome(HANG, progress=2, proven=2, at=3)
+    assert culprit(valid, hung, lockstep=True, hang=True) == "BUFFER_CLEAR"
 
 
 # ---------------------------------------------------------------- minimisation

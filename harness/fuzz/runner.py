@@ -35,14 +35,22 @@ class Verdict:
     outcome: Outcome | None = None
 
 
-def culprit(case: Case, out: Outcome | None, *, lockstep: bool = False) -> str:
-    """The command of the step that most likely caused what ``out`` observed."""
+def culprit(case: Case, out: Outcome | None, *, lockstep: bool = False,
+            hang: bool = False) -> str:
+    """The command of the step that most likely caused what ``out`` observed.
+
+    A death in a lockstep run shows right after its step. A hang does not: a server stuck in
+    a step that has no answer (BUFFER_CLEAR, SET_TENSOR) is only seen when the next request
+    goes unanswered, so for a hang every step since the last answer is a suspect and the
+    first (or a mutated one) is named."""
     if not case.steps:
         return "NONE"
     if out is None:
         return case.steps[-1].cmd
     first, last = out.window(len(case.steps))
     window = case.steps[first:last + 1]
+    if hang:
+        lockstep = False
     if lockstep and case.steps[last].mutated:
         return case.steps[last].cmd  # seen right after it: every earlier step had its chance
     for s in window:
@@ -143,7 +151,8 @@ class CaseRunner:
                     verdict = Verdict(sig, case, detail, out)
                 else:
                     verdict = Verdict(Signature("hang", "", "server stopped serving new "
-                                                "connections", cmd), case,
+                                                "connections", culprit(case, out, hang=True)),
+                                      case,
                                       "no HELLO answer on a new connection", out)
         if verdict is not None and restart and _disabling(verdict):
             self.restart()
@@ -163,7 +172,7 @@ class CaseRunner:
                 return Verdict(sig, case, detail, out)
             if out.status == HANG:
                 return Verdict(Signature("hang", "", "no answer within the deadline",
-                                         culprit(case, out, lockstep=lockstep)), case,
+                                         culprit(case, out, hang=True)), case,
                                out.detail, out)
         if self._memory is not None:
             return self._memory_verdict(case, out)
@@ -218,7 +227,7 @@ class CaseRunner:
             verdict = Verdict(sig, case, detail, out)
         else:
             verdict = Verdict(Signature("hang", "", "server stopped serving new connections",
-                                        culprit(case, out)), case,
+                                        culprit(case, out, hang=True)), case,
                               "no HELLO answer on a new connection", out)
         self.restart()
         return [verdict]

@@ -39,6 +39,7 @@ from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
     start_reference_server
 from ..proto import dialect_for_version, get_dialect
+from ..peer.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from .faultinfo import LINE_PREFIX, with_shim
 
@@ -197,24 +198,34 @@ def signal_text(info: ExitInfo) -> str:
 @dataclass(frozen=True)
 class TargetSpec:
     """A parsed ``--target``: ``p7`` (registered peer), ``ref`` / ``ref-<dialect>``
-    (reference server), or a path to a server binary or a llama.cpp build dir."""
+    (reference server), ``ref[-<dialect>]:KNOB=V[,KNOB=V]`` (the reference server with
+    misbehaviour knobs, e.g. ``ref:stall_on=BUFFER_CLEAR``: a server with a planted bug, to see
+    the fuzzer find it), or a path to a server binary or a llama.cpp build dir."""
 
     kind: str  # "peer" | "ref" | "binary"
     name: str  # for reports and file names
     dialect: str | None  # None: ask the server (HELLO) after the first start
     peer: str | None = None
     binary: str | None = None
+    knobs: tuple[str, ...] = ()  # reference server only: `harness serve --knob` values
 
     @classmethod
     def parse(cls, text: str, dialect: str | None = None) -> "TargetSpec":
         text = text.strip()
         if dialect is not None and _dialect_or_none(dialect) is None:
             raise TargetError(f"unknown dialect {dialect!r} (see `harness dialects`)")
-        if text == "ref" or text.startswith("ref-"):
-            name = _dialect_or_none(dialect or (text[4:] if text.startswith("ref-") else "7.0.0"))
+        head, _, knob_text = text.partition(":")
+        if head == "ref" or head.startswith("ref-"):
+            name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else "7.0.0"))
             if name is None:
                 raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
-            return cls("ref", f"ref-{name}", name)
+            knobs = tuple(k.strip() for k in knob_text.split(",") if k.strip())
+            try:
+                parse_knobs(knobs)
+            except ValueError as e:
+                raise TargetError(f"{text}: {e}") from None
+            return cls("ref", f"ref-{name}" + "".join(f"+{k}" for k in knobs), name,
+                       knobs=knobs)
         path = Path(text).expanduser()
         # A bare word names a peer even where a folder of that name exists (a campaign's
         # out dir is often called after its target); paths are spelt with a slash.
@@ -354,7 +365,8 @@ class Target:
             # serial: one connection at a time like the real server, so a finding is
             # attributed to exactly one connection and an uncaught exception is fatal (seen).
             return start_reference_server(spec.dialect, workdir=workdir, host=self.host,
-                                          extra_args=["--serial", "--memory", REFERENCE_MEMORY],
+                                          extra_args=["--serial", "--memory", REFERENCE_MEMORY]
+                                          + [a for k in spec.knobs for a in ("--knob", k)],
                                           ready_timeout=self.ready_timeout)
         if spec.kind == "peer":
             peer = get_peer(spec.peer or spec.name)

@@ -62,3 +62,27 @@ class Misbehaviour:
 
 
 BEHAVE = Misbehaviour()
+
+
+def parse_knobs(items) -> Misbehaviour:
+    """``NAME=VALUE`` strings into a Misbehaviour (ints accept 0x.., bools true/false, versions
+    a.b.c, byte knobs hex). Raises ValueError naming an unknown knob."""
+    known = {f.name for f in fields(Misbehaviour)}
+    values: dict = {}
+    for item in items:
+        name, _, raw = item.partition("=")
+        if name not in known:
+            raise ValueError(f"unknown knob {name!r}; known: {', '.join(sorted(known))}")
+        raw = raw.strip()
+        if raw.lower() in ("true", "false"):
+            values[name] = raw.lower() == "true"
+        elif name == "hello_version":
+            values[name] = tuple(int(x) for x in raw.split("."))
+        elif name in ("hello_caps", "client_caps", "trailing_bytes"):
+            values[name] = raw
+        else:
+            try:
+                values[name] = int(raw, 0)
+            except ValueError:
+                values[name] = raw
+    return Misbehaviour.from_dict(values)
