@@ -107,7 +107,10 @@ def test_client_campaign_reports_only_defences(tmp_path):
     assert report["cases"] >= 5
     assert report["nothing_found"], report["findings"]
     assert any(k.startswith("defence") for k in report["statuses"]), report["statuses"]
-    assert (out / "report.md").exists()
+    text = (out / "report.md").read_text()
+    assert "| session outcomes | " in text and "defence: " in text
+    assert "messages sent" not in text  # server-campaign rows have no meaning for a client
+    assert report["messages_sent"] is None
 
 
 @slow

@@ -105,14 +105,29 @@ def render_markdown(r: dict, out: Path) -> str:
                "violation" if r["nothing_found"] else
                f"**{r['distinct_signatures']} distinct signature(s) found**")
     if r["target_kind"] == "client":
+        if r["nothing_found"]:
+            verdict = "**Nothing found**: no crash or unexpected hang of the client"
         lines += [verdict + f" in {r['cases']:,} client sessions against a misbehaving "
-                  f"reference server over {r['elapsed_s']:.0f} s (expected defences are "
-                  "listed under connection outcomes).", ""]
+                  f"reference server over {r['elapsed_s']:.0f} s (its expected defences are "
+                  "listed under session outcomes).", ""]
     else:
         lines += [verdict + f" in {r['messages_sent']:,} messages ({r['cases']:,} connections) "
                   f"over {r['elapsed_s']:.0f} s.", ""]
     if r["interrupted"]:
         lines += ["The campaign was interrupted before its duration ended.", ""]
+    if r["target_kind"] == "client":
+        # Each session is a fresh client process facing one misbehaving server: no message
+        # counts, restarts or server memory to report.
+        lines += ["| | |", "|---|---|",
+                  f"| target | `{r['target']}` (the peer's client library) |",
+                  f"| seed | {r['seed']} |",
+                  f"| duration | {r['elapsed_s']:.0f} s (asked {r['duration_s']:.0f} s) |",
+                  f"| client sessions | {r['cases']:,} ({r['cases_per_s']:,.1f}/s) |",
+                  f"| step deadline | {r['deadline_s']:g} s |",
+                  "| session outcomes | " + ", ".join(f"{k} {v:,}" for k, v in
+                                                       sorted(r["statuses"].items())) + " |",
+                  ""]
+        return _render_rest(r, out, lines)
     lines += ["| | |", "|---|---|",
               f"| target | `{r['target']}` ({r['target_kind']}) |",
               f"| seed / workers | {r['seed']} / {r['workers']} |",
@@ -131,6 +146,10 @@ def render_markdown(r: dict, out: Path) -> str:
               "| connection outcomes | " + ", ".join(f"{k} {v:,}" for k, v in
                                                       sorted(r["statuses"].items())) + " |",
               ""]
+    return _render_rest(r, out, lines)
+
+
+def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
     if r["errors"]:
         lines += ["## Worker errors", ""] + [f"* worker {e.get('worker')}: {e.get('error')}"
                                             for e in r["errors"]] + [""]
@@ -166,6 +185,18 @@ def render_markdown(r: dict, out: Path) -> str:
                       f"{f.get('minimise_seconds', 0)} s.", "",
                       "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
     cov = r["coverage"]
+    if r["target_kind"] == "client":
+        lines += ["## Coverage of the server's misbehaviours", "",
+                  f"{cov['mutations_exercised']} of {cov['mutations_catalogue']} knobs were "
+                  "used:", "", "| knob | sessions |", "|---|---|"]
+        for fields in cov["command_field"].values():
+            for knob, values in fields.items():
+                text = (", ".join(f"{k} {v}" for k, v in values.items())
+                        if isinstance(values, dict) else str(values))
+                lines.append(f"| {knob} | {_md(text)} |")
+        if cov["missing"]:
+            lines += ["", "Not used: " + ", ".join(cov["missing"])]
+        return "\n".join(lines + [""])
     lines += ["## Coverage of the command x field space", "",
               f"{cov['mutations_exercised']} of {cov['mutations_catalogue']} mutation operators "
               f"(kind x what x command) of the dialect's catalogue were sent; "
