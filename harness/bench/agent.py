@@ -21,17 +21,13 @@ Extra steps (besides every step of ``harness.impls.ctypes_agent``):
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import threading
 import time
 
 import numpy as np
 
 from ..impls import ctypes_agent as ca
-from ..impls.driver import ClientAborted
-from ..impls.real_client import EXIT_GRACE, STARTUP_TIMEOUT, CtypesClientDriver, _package_root
+from ..impls.real_client import CtypesClientDriver
 
 _PATTERN_BYTES = 1 << 20
 
@@ -99,38 +95,7 @@ class BenchClientDriver(CtypesClientDriver):
     """CtypesClientDriver running this module's agent instead of the plain one."""
 
     name = "c-bench"
-
-    def start(self) -> dict:
-        # The parent's start() with another module; everything else (deadlines, reaping,
-        # exit classification) is inherited.
-        if self.proc is not None:
-            return self.ready
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "GGML_RPC_SERVERS")}
-        env["GGML_NO_BACKTRACE"] = "1"
-        env["PYTHONUNBUFFERED"] = "1"
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH"))
-                                            if p)
-        env.update(self.extra_env)
-        cmd = [self.python, "-u", "-m", "harness.bench.agent", "--lib-dir", str(self.lib_dir)]
-        if self.proto:
-            cmd += ["--proto", self.proto]
-        self._t_start = time.monotonic()
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, env=env, start_new_session=True,
-                                     bufsize=0)
-        for target, stream in ((self._read_events, self.proc.stdout),
-                               (self._read_log, self.proc.stderr)):
-            th = threading.Thread(target=target, args=(stream,), daemon=True,
-                                  name=f"bench-agent-{target.__name__}")
-            th.start()
-            self._threads.append(th)
-        ev = self._wait_event(-1, "startup", STARTUP_TIMEOUT, None)
-        if not ev.get("ok"):
-            info = self._finish(EXIT_GRACE)
-            info.message = ev.get("error") or info.message
-            raise ClientAborted(info, None)
-        self.ready = ev.get("result", {})
-        return self.ready
+    agent_module = "harness.bench.agent"
 
 
 def main(argv=None) -> int:

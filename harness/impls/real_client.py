@@ -96,6 +96,7 @@ class CtypesClientDriver(ClientDriver):
     """
 
     name = "ctypes"
+    agent_module = "harness.impls.ctypes_agent"  # subclasses run an extended agent
 
     def __init__(self, lib_dir: str | os.PathLike, *, proto: str | None = None,
                  env: dict[str, str] | None = None, step_timeout: float = DEFAULT_STEP_TIMEOUT,
@@ -131,8 +132,7 @@ class CtypesClientDriver(ClientDriver):
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH"))
                                             if p)
         env.update(self.extra_env)
-        cmd = [self.python, "-u", "-m", "harness.impls.ctypes_agent",
-               "--lib-dir", str(self.lib_dir)]
+        cmd = [self.python, "-u", "-m", self.agent_module, "--lib-dir", str(self.lib_dir)]
         if self.proto:
             cmd += ["--proto", self.proto]
         self._t_start = time.monotonic()
@@ -142,7 +142,7 @@ class CtypesClientDriver(ClientDriver):
         for target, stream in ((self._read_events, self.proc.stdout),
                                (self._read_log, self.proc.stderr)):
             t = threading.Thread(target=target, args=(stream,), daemon=True,
-                                 name=f"ctypes-agent-{target.__name__}")
+                                 name=f"{self.name}-agent-{target.__name__}")
             t.start()
             self._threads.append(t)
         ev = self._wait_event(-1, "startup", STARTUP_TIMEOUT, None)
