@@ -23,29 +23,14 @@ import numpy as np
 
 from ..proto import codec, get_dialect
 from ..proto import messages as m
-from ..transport.tcp import SOCK_BUF
+from ..transport.base import recv_exact_into
+from ..transport.tcp import tune_socket as _tune  # as TcpTransport: only Python work differs
 
 _LEN = struct.Struct("<Q")
 
 
-def _tune(sock: socket.socket) -> None:
-    # The same socket options as the harness's TcpTransport, so only Python work differs.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
-        except OSError:
-            pass
-
-
 def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
-    got = 0
-    while got < len(view):
-        n = sock.recv_into(view[got:])
-        if n == 0:
-            return False
-        got += n
-    return True
+    return recv_exact_into(sock, view) == len(view)  # a socket has the recv_into it needs
 
 
 def sink_main(size: int) -> int:

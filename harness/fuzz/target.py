@@ -41,6 +41,7 @@ from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_serve
 from ..proto import dialect_for_version, get_dialect
 from ..peer.knobs import parse_knobs
 from ..proto.dialects import ALIASES
+from ..transport.tcp import recv_exact
 from .faultinfo import LINE_PREFIX, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
@@ -472,9 +473,9 @@ class Target:
         try:
             with socket.create_connection((self.host, self.port), timeout=timeout) as s:
                 s.sendall(frame)
-                head = _recv_exact(s, 8)
+                head = recv_exact(s, 8)
                 (n,) = struct.unpack("<Q", head)
-                return n < (1 << 16) and len(_recv_exact(s, n)) == n
+                return n < (1 << 16) and len(recv_exact(s, n)) == n
         except OSError:
             return False
 
@@ -486,13 +487,3 @@ class Target:
         if raw.startswith(sig.signal):  # the fault shim's line names the signal itself
             return sig, raw
         return sig, f"{sig.signal}" + (f": {raw}" if raw else " (nothing in the log)")
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return bytes(buf)

@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 import tempfile
 
+from ..transport.base import recv_exact_into
 from .case import BASE, HANDLE, annotate, relocate
 from .generate import steady_session
 from .target import Target, TargetSpec
@@ -25,12 +26,8 @@ BUFFER_SIZES = (65536, 4096, 1024)
 
 
 def _recv_exact(sock: socket.socket, view: memoryview, n: int) -> None:
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:n])
-        if k == 0:
-            raise ConnectionError("the server closed the connection")
-        got += k
+    if recv_exact_into(sock, view[:n]) < n:
+        raise ConnectionError("the server closed the connection")
 
 
 def measure_on(host: str, port: int, dialect: str, *, seconds: float = 5.0,

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import platformdirs
 
+from ..transport.tcp import recv_exact
+
 CACHE_ENV = "GGML_RPC_HARNESS_CACHE"
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1
@@ -356,16 +358,6 @@ def hello_request(major: int) -> bytes:
     return bytes([HELLO_CMD]) + struct.pack("<Q", CONN_CAPS_SIZE) + bytes(CONN_CAPS_SIZE)
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = bytearray()
-    while len(data) < n:
-        chunk = sock.recv(n - len(data))
-        if not chunk:
-            raise ConnectionError(f"connection closed after {len(data)} of {n} bytes")
-        data += chunk
-    return bytes(data)
-
-
 def probe_hello(host: str, port: int, major: int,
                 timeout: float = _HELLO_TIMEOUT) -> tuple[tuple[int, int, int], int | None]:
     """Send HELLO in the proto-``major`` layout; returns ((major, minor, patch), flags or None).
@@ -377,11 +369,11 @@ def probe_hello(host: str, port: int, major: int,
         with socket.create_connection((host, port), timeout=timeout) as sock:
             sock.settimeout(timeout)
             sock.sendall(hello_request(major))
-            length, = struct.unpack("<Q", _recv_exact(sock, 8))
+            length, = struct.unpack("<Q", recv_exact(sock, 8))
             if length != expected_len:
                 raise VerificationError(f"HELLO reply is {length} bytes, a proto-{major} server "
                                         f"sends {expected_len}")
-            payload = _recv_exact(sock, length)
+            payload = recv_exact(sock, length)
     except (OSError, ConnectionError) as e:
         raise VerificationError(f"no HELLO reply from {host}:{port} ({e})") from None
     version = (payload[0], payload[1], payload[2])

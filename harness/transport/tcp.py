@@ -11,15 +11,32 @@ SOCK_BUF = 4 << 20
 IOV_MAX = 1024
 
 
+def tune_socket(sock: socket.socket) -> None:
+    """No Nagle delay and large kernel buffers: what every harness connection uses."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
+        except OSError:
+            pass
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """Exactly ``n`` bytes from a plain socket (its own timeout applies); ConnectionError if
+    the peer closes first."""
+    data = bytearray()
+    while len(data) < n:
+        chunk = sock.recv(n - len(data))
+        if not chunk:
+            raise ConnectionError(f"connection closed after {len(data)} of {n} bytes")
+        data += chunk
+    return bytes(data)
+
+
 class TcpTransport:
     def __init__(self, sock: socket.socket, timeout: float | None = 60.0):
         self.sock = sock
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for opt in (socket.SO_SNDBUF, socket.SO_RCVBUF):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, opt, SOCK_BUF)
-            except OSError:
-                pass
+        tune_socket(sock)
         sock.settimeout(timeout)
         self.bytes_sent = 0
         self.bytes_received = 0
