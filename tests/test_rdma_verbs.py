@@ -162,18 +162,23 @@ def test_session_over_a_real_queue_pair(client_cfg, server_cfg):
         c = RefClient(ep, "7.0.0")
         c.hello()
         assert c.rdma_active
-        from harness.proto import RpcTensor, ggml
-        size = 3 * (1 << 20) + 7
-        ptr, _ = c.alloc_buffer(size)
-        t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
-                           data=c.buffer_get_base(ptr))
-        data = os.urandom(size)
-        c.set_tensor(t, data)
-        assert bytes(c.get_tensor(t, 0, size)) == data
+        _round_trip_three_mib_and_change(c)
         c.close()
         threading.Event().wait(0.2)
     assert srv.connections[0].rdma_active and srv.connections[0].close_reason is None
     assert ep.stats.overruns == 0 and ep.stats.largest_send == client_cfg.chunk
+
+
+def _round_trip_three_mib_and_change(c) -> None:
+    """Upload and read back a tensor that spans several 1 MiB chunks plus a ragged tail."""
+    from harness.proto import RpcTensor, ggml
+    size = 3 * (1 << 20) + 7
+    ptr, _ = c.alloc_buffer(size)
+    t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
+                       data=c.buffer_get_base(ptr))
+    data = os.urandom(size)
+    c.set_tensor(t, data)
+    assert bytes(c.get_tensor(t, 0, size)) == data
 
 
 # ---------------------------------------------------------------- the QP code on a fake device
@@ -351,7 +356,6 @@ def fake_device(monkeypatch):
 @pytest.mark.parametrize("client_cfg, server_cfg", [(OLD, OLD), (SEED000, OLD), (OLD, SEED000),
                                                     (SEED000, SEED000)])
 def test_queue_pair_code_runs_a_session_on_a_fake_device(fake_device, client_cfg, server_cfg):
-    from harness.proto import RpcTensor, ggml
     assert verbs.find_device("127.0.0.1").gid_index == 1  # the GID of the TCP address
     srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=5,
                           out=io.StringIO(), err=io.StringIO())
@@ -360,13 +364,7 @@ def test_queue_pair_code_runs_a_session_on_a_fake_device(fake_device, client_cfg
         c = RefClient(ep, "7.0.0")
         c.hello()
         assert c.rdma_active and ep.wire.peer_qpn == lst.endpoints[0].qpn
-        size = 3 * (1 << 20) + 7
-        ptr, _ = c.alloc_buffer(size)
-        t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
-                           data=c.buffer_get_base(ptr))
-        data = os.urandom(size)
-        c.set_tensor(t, data)
-        assert bytes(c.get_tensor(t, 0, size)) == data
+        _round_trip_three_mib_and_change(c)
         c.close()
         lst_ep = lst.endpoints[0]
     rec = srv.connections[0]
