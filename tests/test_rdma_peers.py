@@ -19,7 +19,6 @@ from harness.capture.canonical import canonical, first_divergence
 from harness.capture.transcript import C2S, S2C
 from harness.impls.driver import ClientAborted, digest, make_fill
 from harness.impls.ref_client import RefClientDriver
-from harness.peer.client import RefClient
 from harness.peer.knobs import Misbehaviour
 from harness.peer.server import ConnectionRecord, ReferenceServer
 from harness.peer.server_core import ServerConfig
@@ -43,30 +42,12 @@ GEN_PAIRS = [("old", "old"), ("old", "seed-000"), ("seed-000", "old"),
              ("seed-000", "seed-000"), ("9.0.0", "9.0.0")]
 
 
-class TransportDriver(RefClientDriver):
-    """RefClientDriver whose connect step uses ``connect()`` instead of a TCP socket: the one
-    hook the matrix needs to run scenarios over another transport."""
-
-    def __init__(self, dialect: str, connect, **kw):
-        super().__init__(dialect, **kw)
-        self._connect = connect
-
-    def _op_connect(self, endpoint: str, device: int = 0):
-        self.client = RefClient(self._connect(), self.dialect, knobs=self.knobs)
-        if not (self.knobs and self.knobs.skip_hello):
-            self.client.hello()
-        self._device_count = self.client.device_count()
-        h = self.client.server_hello
-        return {"server_version": "%d.%d.%d" % h.version if h else None,
-                "server_flags": h.flags if h else None}
-
-
 @dataclass
 class Run:
     results: list
     pair: EmuPair
     record: ConnectionRecord
-    driver: TransportDriver
+    driver: RefClientDriver
     error: ClientAborted | None = None
 
 
@@ -84,11 +65,12 @@ def run_session(steps, *, client_dialect: str, server_dialect: str | None = None
                           idle_timeout=timeout, out=io.StringIO(), err=io.StringIO())
     th = threading.Thread(target=srv.serve_transport, args=(pair.server, "emu"), daemon=True)
     th.start()
-    drv = TransportDriver(client_dialect, lambda: pair.client, knobs=client_knobs,
-                          timeout=timeout)
+    # The driver's transport hook (what the matrix's RDMA cells use): the pair's endpoint.
+    drv = RefClientDriver(client_dialect, transport_factory=lambda host, port: pair.client,
+                          knobs=client_knobs, timeout=timeout)
     results, error = [], None
     try:
-        results.append(drv.run({"op": "connect", "endpoint": "emu"}).result)
+        results.append(drv.run({"op": "connect", "endpoint": "emu:0"}).result)
         results += [drv.run(s).result for s in steps]
     except ClientAborted as e:
         error = e
