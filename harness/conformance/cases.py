@@ -1,9 +1,12 @@
-"""Server conformance cases: malformed and unusual requests and what a 7.0.0 server does.
+"""Server conformance cases: malformed and unusual requests and what the real servers do.
 
-Each case rebuilds one entry of the real server's recorded error catalogue
-(fixtures/vectors/errors.json, titles kept verbatim in ``vector``) with the codec, against live
+Each case rebuilds one entry of a real server's recorded catalogue with the codec, against live
 handles, so it runs against any server: the real binary, a user build or the reference peer.
-``expect`` is the recorded outcome of the real 7.0.0 server.
+The 7.0.0 cases below come from fixtures/vectors/errors.json (titles kept verbatim in
+``vector``); ``expect`` is the recorded outcome of the real 7.0.0 server, and ``changed`` says
+from which major on a later real build answers differently (recorded from p8 in
+fixtures/vectors/conformance-8.0.0.json). The cases only 8.0.0 and later have are in
+``cases_8``.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from ..proto import ggml, messages as m
+from ..proto import get_dialect, ggml, messages as m
+from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
 
@@ -22,10 +26,23 @@ U64 = struct.Struct("<Q")
 @dataclass(frozen=True)
 class Case:
     id: str
-    vector: str  # the title of the recorded case in errors.json / state.json
-    expect: str  # CLOSED | OPEN | ANSWERED
+    vector: str  # the title of the recorded case (errors.json / state.json, or the 8.0.0 record)
+    expect: str  # CLOSED | OPEN | ANSWERED, as the oldest dialect the case applies to does it
     run: Callable  # (new_session) -> the session to observe; may raise CaseError
     command: str  # the command the case is about (for coverage tables)
+    since: int = 7  # first major the case applies to (its commands and layouts exist there)
+    changed: tuple[tuple[int, str], ...] = ()  # (major, outcome): from that major on
+
+    def applies_to(self, dialect: Dialect | str) -> bool:
+        return get_dialect(dialect).version[0] >= self.since
+
+    def expect_for(self, dialect: Dialect | str) -> str:
+        major = get_dialect(dialect).version[0]
+        outcome = self.expect
+        for since, later in sorted(self.changed):
+            if major >= since:
+                outcome = later
+        return outcome
 
 
 class CaseError(AssertionError):
@@ -56,9 +73,10 @@ def _check(cond: bool, what: str) -> None:
 CASES: list[Case] = []
 
 
-def case(id: str, vector: str, expect: str, command: str):
+def case(id: str, vector: str, expect: str, command: str, *, since: int = 7,
+         changed: tuple[tuple[int, str], ...] = ()):
     def deco(fn):
-        CASES.append(Case(id, vector, expect, fn, command))
+        CASES.append(Case(id, vector, expect, fn, command, since, changed))
         return fn
     return deco
 
@@ -294,8 +312,9 @@ def _(new):
     return s
 
 
+# 7.0.0 looks the hash up before it reads the tensor; 8.0.0 reads (and validates) it first.
 @case("set-tensor-hash-null", "SET_TENSOR_HASH all-zero tensor (no-cache server)", OPEN,
-      "SET_TENSOR_HASH")
+      "SET_TENSOR_HASH", changed=((8, CLOSED),))
 def _(new):
     s = new()
     s.hello()

@@ -44,9 +44,10 @@ class RawSession:
                 raise ConnectionError(f"unexpected {ev!r}")
             self.sock.settimeout(max(0.01, deadline - time.monotonic()))
             data = self.sock.recv(1 << 16)
+            if not data:  # a close where an answer was due is an outcome, not a codec error
+                raise ConnectionError(f"server closed the connection while the {request.cmd} "
+                                      "answer was due")
             conn.receive_data(data)
-            if not data:
-                conn.next_event()  # raises: closed while the answer was due
 
     def call(self, msg: m.Message) -> m.Message:
         self.request(msg)

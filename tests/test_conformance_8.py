@@ -1,0 +1,92 @@
+"""The 8.0.0 conformance catalogue: expectations held to the recording from the real 8.0.0 build,
+the real build held to the expectations, and the reference 8.0.0 / 9.0.0 servers held to it."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from harness.conformance.raw import CLOSED, OPEN, RawSession
+from harness.conformance.runner import cases_for, run_all, run_case
+from harness.impls.registry import PeerError, get_peer
+from harness.impls.supervisor import start_peer_server
+from harness.peer.server import ReferenceServer
+from harness.peer.server_core import ServerConfig
+from harness.proto import get_dialect
+
+ROOT = Path(__file__).resolve().parents[1]
+RECORDING = json.loads((ROOT / "fixtures/vectors/conformance-8.0.0.json").read_text())
+
+
+def _wrong(results):
+    return [(r.case.id, r.expected, r.outcome, r.detail) for r in results if not r.ok]
+
+
+def test_expectations_are_the_recorded_outcomes():
+    recorded = RECORDING["cases"]
+    assert RECORDING["recorded_from"]["proto"] == "8.0.0"
+    ids = {c.id for c in cases_for("8.0.0")}
+    assert ids == set(recorded), "re-record: python -m harness.conformance.record --peer p8 ..."
+    for c in cases_for("8.0.0"):
+        assert c.expect_for("8.0.0") == recorded[c.id]["outcome"], c.id
+
+
+def test_the_catalogue_covers_every_8_0_0_command():
+    commands = {c.command for c in cases_for("8.0.0") if c.since == 8}
+    for name in ("SET_TENSOR_2D", "GET_TENSOR_2D", "GRAPH_RECOMPUTE", "GRAPH_COMPUTE",
+                 "COMM_FREE", "COMM_ALLREDUCE", "SET_TENSOR_HASH"):
+        assert name in commands
+
+
+def test_7_0_0_cases_keep_their_7_0_0_expectations():
+    hash_null = next(c for c in cases_for("7.0.0") if c.id == "set-tensor-hash-null")
+    assert hash_null.expect_for("7.0.0") == OPEN
+    assert hash_null.expect_for("7.0.0+flags") == OPEN
+    assert hash_null.expect_for("8.0.0") == CLOSED
+    assert hash_null.expect_for("9.0.0") == CLOSED
+    assert not any(c.since == 8 for c in cases_for("7.0.0"))
+
+
+def _reference(dialect: str) -> ReferenceServer:
+    srv = ReferenceServer(ServerConfig(get_dialect(dialect)), serial=True, out=io.StringIO(),
+                          err=io.StringIO())
+    srv.start()
+    return srv
+
+
+@pytest.mark.parametrize("dialect", ["8.0.0", "9.0.0"])
+def test_reference_server_closes_where_the_real_8_0_0_does(dialect):
+    srv = _reference(dialect)
+    try:
+        assert not _wrong(run_all(srv.host, srv.port, dialect=dialect, observe_wait=0.2))
+        with RawSession(srv.host, srv.port, dialect=dialect) as s:  # still serving
+            assert s.hello().version == get_dialect(dialect).version
+    finally:
+        srv.stop()
+
+
+def test_a_wrong_expectation_is_reported():
+    """The runner's verdict can fail: the same case with the other outcome expected."""
+    case = next(c for c in cases_for("8.0.0") if c.id == "recompute-known-uid")
+    planted = dataclasses.replace(case, expect=CLOSED)
+    srv = _reference("8.0.0")
+    try:
+        result = run_case(planted, srv.host, srv.port, dialect="8.0.0", observe_wait=0.2)
+    finally:
+        srv.stop()
+    assert result.outcome == OPEN and not result.ok
+
+
+@pytest.mark.realpeer
+def test_real_8_0_0_server_still_behaves_as_recorded(tmp_path):
+    try:
+        peer = get_peer("p8")
+    except PeerError as e:
+        pytest.fail(f"p8 is part of the test peers (make peers): {e}")
+    with start_peer_server(peer, workdir=tmp_path) as srv:
+        assert not _wrong(run_all("127.0.0.1", srv.port, dialect="8.0.0", observe_wait=0.3))
+        assert srv.poll() is None
