@@ -1,4 +1,4 @@
-"""The reference peer against the real 7.0.0 peers, and the conformance catalogue."""
+"""The reference peer against the real 7.0.0 and 8.0.0 peers, and the conformance catalogue."""
 
 from __future__ import annotations
 
@@ -61,13 +61,18 @@ STEPS = [
 ]
 
 
-def p7():
+# The real builds the reference is held to byte for byte, with the dialect each speaks.
+REAL = {"7.0.0": "p7", "8.0.0": "p8"}
+
+
+def real_peer(name: str = "p7"):
+    """A built pin; `make test` builds them all, so a missing one fails rather than skips."""
     try:
-        peer = get_peer("p7")
+        peer = get_peer(name)
     except PeerError as e:
-        pytest.skip(str(e))
+        pytest.fail(f"{name} is one of the test peers (make peers): {e}")
     if not peer.available:
-        pytest.skip(f"p7 is not built: {peer.reason}")
+        pytest.fail(f"{name} is not built (make peers): {peer.reason}")
     return peer
 
 
@@ -104,14 +109,15 @@ def close(a: dict, b: dict) -> bool:
 
 
 @pytest.mark.realpeer
-def test_ref_client_sends_what_the_c_client_sends(tmp_path):
-    """Same steps, same real 7.0.0 server: the canonical bytes of both clients are equal."""
+@pytest.mark.parametrize("proto", sorted(REAL))
+def test_ref_client_sends_what_the_c_client_sends(tmp_path, proto):
+    """Same steps, same real server: the canonical bytes of both clients are equal."""
     from harness.impls.real_client import CtypesClientDriver
-    peer = p7()
+    peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "a") as srv:
-        c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
+        c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path)
     with start_peer_server(peer, workdir=tmp_path / "b") as srv:
-        r_results, r_wire = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
+        r_results, r_wire = run_session(RefClientDriver(proto), srv, tmp_path)
     div = first_divergence(c_wire, r_wire)
     assert div is None, f"{div}\n" + "\n".join(unified_diff(c_wire, r_wire, "C", "ref")[:20])
     assert digests(c_results) == digests(r_results)
@@ -119,14 +125,15 @@ def test_ref_client_sends_what_the_c_client_sends(tmp_path):
 
 
 @pytest.mark.realpeer
-def test_reference_server_gives_the_real_servers_results(tmp_path):
-    """The real C client against `harness serve --proto 7.0.0` and against the real server."""
+@pytest.mark.parametrize("proto", sorted(REAL))
+def test_reference_server_gives_the_real_servers_results(tmp_path, proto):
+    """The real C client against `harness serve --proto P` and against the real server."""
     from harness.impls.real_client import CtypesClientDriver
-    peer = p7()
+    peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "real") as srv:
-        real, real_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
-    with start_reference_server("7.0.0", workdir=tmp_path / "ref") as srv:
-        ref, ref_wire = run_session(CtypesClientDriver(peer.lib_dir, proto="7.0.0"), srv, tmp_path)
+        real, real_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path)
+    with start_reference_server(proto, workdir=tmp_path / "ref") as srv:
+        ref, ref_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path)
     assert digests(real, False) == digests(ref, False)
     assert close(real[MUL_MAT_GET], ref[MUL_MAT_GET])
     # the same client said the same things to both servers; the answers match too (device
@@ -140,12 +147,13 @@ def test_reference_server_gives_the_real_servers_results(tmp_path):
 
 
 @pytest.mark.realpeer
-def test_ref_client_against_real_server_matches_reference_server(tmp_path):
-    peer = p7()
+@pytest.mark.parametrize("proto", sorted(REAL))
+def test_ref_client_against_real_server_matches_reference_server(tmp_path, proto):
+    peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "real") as srv:
-        real, _ = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
-    with start_reference_server("7.0.0", workdir=tmp_path / "ref") as srv:
-        ref, _ = run_session(RefClientDriver("7.0.0"), srv, tmp_path)
+        real, _ = run_session(RefClientDriver(proto), srv, tmp_path)
+    with start_reference_server(proto, workdir=tmp_path / "ref") as srv:
+        ref, _ = run_session(RefClientDriver(proto), srv, tmp_path)
     assert digests(real, False) == digests(ref, False)
     assert close(real[MUL_MAT_GET], ref[MUL_MAT_GET])
 
@@ -184,5 +192,5 @@ def test_reference_server_closes_where_the_real_one_does():
 
 @pytest.mark.realpeer
 def test_real_server_still_behaves_as_recorded(tmp_path):
-    with start_peer_server(p7(), workdir=tmp_path) as srv:
+    with start_peer_server(real_peer("p7"), workdir=tmp_path) as srv:
         _assert_conformance("127.0.0.1", srv.port)
