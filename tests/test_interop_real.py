@@ -61,6 +61,38 @@ STEPS = [
 ]
 
 
+# 2D transfers (the -sm tensor upload path) and graphs kept and reused by uid, as a program
+# that reuses its graphs does: what 8.0.0 changed, and how 7.0.0 clients do the same calls.
+GRAPH_STEPS = [
+    {"op": "alloc_buffer", "name": "w", "size": 1 << 16, "usage": "weights"},
+    {"op": "alloc_buffer", "name": "act", "size": 1 << 16, "usage": "compute"},
+    {"op": "tensor", "name": "a", "buffer": "w", "offset": 0, "ne": [64, 4]},
+    {"op": "tensor", "name": "b", "buffer": "w", "offset": 4096, "ne": [64, 4]},
+    {"op": "set", "tensor": "a", "fill": {"pattern": "const", "value": 1}},  # no byte unset
+    {"op": "set_2d", "tensor": "a", "offset": 0, "size": 128, "n_copies": 4, "stride": 256,
+     "fill": {"pattern": "arange"}},
+    {"op": "set_2d", "tensor": "b", "offset": 512, "size": 256, "n_copies": 1, "stride": 256,
+     "fill": {"pattern": "random", "seed": 5}},
+    {"op": "set", "tensor": "b", "size": 512, "fill": {"pattern": "random", "seed": 2}},
+    {"op": "get_2d", "tensor": "a", "offset": 64, "size": 64, "n_copies": 3, "stride": 256},
+    {"op": "get_2d", "tensor": "b", "offset": 256, "size": 256, "n_copies": 1, "stride": 64},
+    {"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"], "buffer": "act", "offset": 0},
+    {"op": "node", "name": "p", "kind": "mul", "inputs": ["s", "b"], "buffer": "act",
+     "offset": 2048},
+    {"op": "compute", "outputs": ["s"], "graph": "g1"},
+    {"op": "get", "tensor": "s"},
+    {"op": "set", "tensor": "a", "fill": {"pattern": "const", "value": 2}},
+    {"op": "compute", "graph": "g1"},  # same uid: GRAPH_RECOMPUTE
+    {"op": "get", "tensor": "s"},
+    {"op": "compute", "outputs": ["p"], "graph": "g2"},
+    {"op": "compute", "graph": "g1"},  # 8.0.0 caches both uids; 7.0.0 only the last one
+    {"op": "compute", "graph": "g2"},
+    {"op": "compute", "outputs": ["p"]},  # uid 0: never reused
+    {"op": "get", "tensor": "p"},
+    {"op": "free_buffer", "buffer": "act"},
+    {"op": "free_buffer", "buffer": "w"},
+]
+
 # The real builds the reference is held to byte for byte, with the dialect each speaks.
 REAL = {"7.0.0": "p7", "8.0.0": "p8"}
 
@@ -76,12 +108,12 @@ def real_peer(name: str = "p7"):
     return peer
 
 
-def run_session(driver, server, workdir: Path):
-    """Run STEPS through a recording proxy; returns (results, canonical session)."""
+def run_session(driver, server, workdir: Path, steps=STEPS):
+    """Run ``steps`` through a recording proxy; returns (results, canonical session)."""
     proxy = RecordingProxy(("127.0.0.1", server.port)).start()
     try:
         driver.run({"op": "connect", "endpoint": f"127.0.0.1:{proxy.port}"})
-        results = [driver.run(s).result for s in STEPS]
+        results = [driver.run(s).result for s in steps]
         driver.run({"op": "close"})
     finally:
         driver.close()
@@ -122,6 +154,35 @@ def test_ref_client_sends_what_the_c_client_sends(tmp_path, proto):
     assert div is None, f"{div}\n" + "\n".join(unified_diff(c_wire, r_wire, "C", "ref")[:20])
     assert digests(c_results) == digests(r_results)
     assert [e["cmd"] for e in c_wire].count("GRAPH_COMPUTE") == 1
+
+
+@pytest.mark.realpeer
+@pytest.mark.parametrize("proto", sorted(REAL))
+def test_ref_client_reuses_graphs_and_splits_uploads_as_the_c_client(tmp_path, proto):
+    """2D transfers and graph reuse by uid: the same canonical bytes as the real client, the
+    same results from the real server and from the reference server."""
+    from harness.impls.real_client import CtypesClientDriver
+    peer = real_peer(REAL[proto])
+    with start_peer_server(peer, workdir=tmp_path / "a") as srv:
+        c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv,
+                                        tmp_path, GRAPH_STEPS)
+    with start_peer_server(peer, workdir=tmp_path / "b") as srv:
+        r_results, r_wire = run_session(RefClientDriver(proto), srv, tmp_path, GRAPH_STEPS)
+    with start_reference_server(proto, workdir=tmp_path / "ref") as srv:
+        s_results, _ = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path,
+                                   GRAPH_STEPS)
+    div = first_divergence(c_wire, r_wire)
+    assert div is None, f"{div}\n" + "\n".join(unified_diff(c_wire, r_wire, "C", "ref")[:20])
+    assert digests(c_results) == digests(r_results) == digests(s_results)
+    cmds = [e["cmd"] for e in c_wire]
+    if proto == "8.0.0":  # the 8.0.0 client keeps both uids; the C client's own uid went out
+        assert cmds.count("SET_TENSOR_2D") == 1 and cmds.count("GET_TENSOR_2D") == 1
+        assert cmds.count("GRAPH_RECOMPUTE") == 3 and cmds.count("GRAPH_COMPUTE") == 3
+        uids = [r["uid"] for r in c_results if "uid" in r]
+        sent = [e["request"]["uid"] for e in c_wire if e["cmd"].startswith("GRAPH_")]
+        assert uids[:3] != [0, 0, 0] and sent[0] == "G1" and sent[2] == "G2" and sent[-1] == 0
+    else:  # 7.0.0: row by row, and only the last uid is reused
+        assert "SET_TENSOR_2D" not in cmds and cmds.count("GRAPH_RECOMPUTE") == 1
 
 
 @pytest.mark.realpeer

@@ -3,7 +3,8 @@
 Two sessions of the same scenario never match byte for byte: tensor ids are client pointers,
 buffer handles and data addresses are server pointers, and timing differs. Canonicalising
 renames every such value symbolically, in order of first appearance (tensors T1, T2, ...;
-buffers B1, ...; addresses as B1+0x40 relative to the buffer they fall in), drops timing and
+buffers B1, ...; addresses as B1+0x40 relative to the buffer they fall in; graph uids G1, ...,
+which are client counters), drops timing and
 replaces bulk data by its length and FNV-1a. What is left is what both sides *said*, so two
 canonical sessions can be compared message by message and field by field.
 """
@@ -33,6 +34,12 @@ class _Namer:
     bases: dict[str, int] = field(default_factory=dict)  # buffer symbol -> base address
     sizes: dict[str, int] = field(default_factory=dict)
     addresses: dict[int, str] = field(default_factory=dict)
+    uids: dict[int, str] = field(default_factory=dict)
+
+    def uid(self, v: int) -> str | int:
+        if not v:  # uid 0 means "not set": the value itself is what both sides agree on
+            return 0
+        return self.uids.setdefault(v, f"G{len(self.uids) + 1}")
 
     def tensor(self, v: int) -> str | int:
         if not v:
@@ -79,6 +86,8 @@ def _value(name: str, v: Any, n: _Namer) -> Any:
         return n.address(v)
     if name == "nodes":
         return [n.tensor(x) for x in v]
+    if name == "uid" and isinstance(v, int):
+        return n.uid(v)
     if isinstance(v, tuple):
         return list(v)
     return v

@@ -41,6 +41,11 @@ MEMSET_PROTO_MAJOR = 5  # MEMSET_TENSOR appeared in proto 5; older RPC buffers l
 IFACE_MEMSET_SLOT = 3  # ggml_backend_buffer_i: free_buffer, get_base, init_tensor, memset_tensor
 TYPES_IN_ALL_VERSIONS = 39  # GGML_TYPE_COUNT from late 2024 on; every supported library has these
 TYPES_TABLE_PROTO = (7, 0, 0)  # the proto whose type enum harness.proto.ggml.TYPES is
+# struct ggml_cgraph (ggml-impl.h, 7.0.0 tree): size, n_nodes, n_leafs, five pointers, a hash
+# set of three words, the eval order, then the uid the RPC client compares to reuse a graph.
+# Private, so the agent checks the head it can see (size, n_nodes) before writing the uid; the
+# wire then shows whether the library read it (tests compare the uid sent with this one).
+CGRAPH_SIZE_OFFSET, CGRAPH_N_NODES_OFFSET, CGRAPH_UID_OFFSET = 0, 4, 88
 
 
 class ggml_init_params(C.Structure):
@@ -116,6 +121,10 @@ class Lib:
         "ggml_backend_buft_get_alignment": (sz, vp),
         "ggml_backend_buft_get_max_size": (sz, vp),
         "ggml_backend_graph_compute": (C.c_int, vp, vp),
+        "ggml_graph_n_nodes": (C.c_int, vp),
+        "ggml_graph_next_uid": (C.c_uint64,),
+        "ggml_backend_tensor_set_2d": (None, vp, vp, sz, sz, sz, sz, sz),
+        "ggml_backend_tensor_get_2d": (None, vp, vp, sz, sz, sz, sz, sz),
         "ggml_backend_free": (None, vp),
         "ggml_backend_reg_dev_count": (sz, vp),
         "ggml_backend_rpc_init": (vp, C.c_char_p, C.c_uint32),
@@ -124,7 +133,10 @@ class Lib:
                                                C.POINTER(sz)),
         "ggml_backend_rpc_add_server": (vp, C.c_char_p),
     }
-    OPTIONAL = {"ggml_backend_rpc_add_server"}
+    # Symbols only some versions have: add_server (>= 3.0), 2D transfers and the exported uid
+    # counter (8.0.0).
+    OPTIONAL = {"ggml_backend_rpc_add_server", "ggml_graph_next_uid",
+                "ggml_backend_tensor_set_2d", "ggml_backend_tensor_get_2d"}
 
     def __init__(self, lib_dir: str):
         self.lib_dir = lib_dir
@@ -193,6 +205,8 @@ class Agent:
         self.dev_counts: dict[str, int] = {}
         self.buffers: dict[str, Buffer] = {}
         self.tensors: dict[str, Tensor] = {}
+        self.graphs: dict[str, tuple[int, int, int]] = {}  # name -> (ggml ctx, cgraph, uid)
+        self.next_uid = 1  # where the library does not export its uid counter
         self.unchecked = False
 
     # -- helpers ---------------------------------------------------------------------------
@@ -524,6 +538,13 @@ class Agent:
         return digest(out)
 
     def op_compute(self, s):
+        """Compute the graph of ``outputs``. With ``graph`` NAME the graph object is kept and
+        given a uid, as a program that reuses its graphs does: computing the same NAME again
+        lets the library reuse it (GRAPH_RECOMPUTE instead of the graph)."""
+        name = s.get("graph")
+        if name is not None and name in self.graphs:
+            _, gf, uid = self.graphs[name]
+            return {"status": self.lib.ggml_backend_graph_compute(self.backend(s), gf), "uid": uid}
         outs = [self.tensor(n) for n in s.get("outputs", [])]
         if not outs:
             raise StepError("compute needs at least one output")
@@ -537,14 +558,67 @@ class Agent:
         L = self.lib
         size = max(GRAPH_MIN_SIZE, 2 * len(seen))
         gctx = L.ggml_init(ggml_init_params(L.ggml_graph_overhead_custom(size, False), None, True))
+        keep = False
         try:
             gf = L.ggml_new_graph_custom(gctx, size, False)
             for t in outs:
                 L.ggml_build_forward_expand(gf, t.ptr)
+            uid = 0
+            if name is not None:
+                uid = self._give_uid(gf, size)
+                self.graphs[name] = (gctx, gf, uid)
+                keep = True
             status = L.ggml_backend_graph_compute(self.backend(s), gf)
         finally:
-            L.ggml_free(gctx)
-        return {"status": status}
+            if not keep:
+                L.ggml_free(gctx)
+        return {"status": status, "uid": uid}
+
+    def _give_uid(self, gf: int, size: int) -> int:
+        head_size = C.c_int.from_address(gf + CGRAPH_SIZE_OFFSET).value
+        head_nodes = C.c_int.from_address(gf + CGRAPH_N_NODES_OFFSET).value
+        slot = C.c_uint64.from_address(gf + CGRAPH_UID_OFFSET)
+        if head_size != size or head_nodes != self.lib.ggml_graph_n_nodes(gf) or slot.value:
+            raise StepError("this library's ggml_cgraph does not have the expected layout; "
+                            "graph uids are not supported with it")
+        if self.lib.ggml_graph_next_uid is not None:
+            uid = self.lib.ggml_graph_next_uid()
+        else:
+            uid, self.next_uid = self.next_uid, self.next_uid + 1
+        slot.value = uid
+        return uid
+
+    def op_forget_graph(self, s):
+        gctx, _, uid = self.graphs.pop(str(s["graph"]))
+        self.lib.ggml_free(gctx)
+        return {"uid": uid}
+
+    def _region_2d(self, t: Tensor, s) -> tuple[int, int, int, int]:
+        if self.lib.ggml_backend_tensor_set_2d is None:
+            raise StepError("2D transfers: this client library has none (proto < 8)")
+        offset, size = int(s.get("offset", 0)), int(s["size"])
+        n_copies, stride = int(s["n_copies"]), int(s["stride"])
+        nbytes = self.lib.ggml_nbytes(t.ptr)
+        # ggml_backend_tensor_set_2d asserts on the span; refuse instead
+        self.check(min(offset, size, n_copies, stride) >= 0, "negative 2D argument")
+        self.check(n_copies == 0 or offset + (n_copies - 1) * stride + size <= nbytes,
+                   f"2D span outside the {nbytes}-byte tensor")
+        return offset, size, n_copies, stride
+
+    def op_set_2d(self, s):
+        """``n_copies`` rows of ``size`` bytes at offset + i*stride, from packed data."""
+        t = self.tensor(s["tensor"])
+        offset, size, n, stride = self._region_2d(t, s)
+        data = make_fill(s.get("fill") or {}, size * n)
+        self.lib.ggml_backend_tensor_set_2d(t.ptr, data.ctypes.data, offset, size, n, stride, size)
+        return {"fnv": f"{fnv1a64(data):016x}"}
+
+    def op_get_2d(self, s):
+        t = self.tensor(s["tensor"])
+        offset, size, n, stride = self._region_2d(t, s)
+        out = np.zeros(size * n, dtype=np.uint8)
+        self.lib.ggml_backend_tensor_get_2d(t.ptr, out.ctypes.data, offset, size, n, stride, size)
+        return digest(out)
 
     def op_copy(self, s):
         src, dst = self.tensor(s["src"]), self.tensor(s["dst"])

@@ -18,7 +18,14 @@ Step vocabulary (``op`` key, then arguments):
   get            tensor, offset=0, size=None             -> {fnv, size, head (hex, <= 64 B)}
   node           name, kind, inputs=[..], buffer, offset, params={}  -> {nbytes, data}
                  kinds: add mul scale(s) cpy mul_mat get_rows
-  compute        outputs=[names]                         -> {status}
+  set_2d         tensor, size, n_copies, stride, offset=0, fill  -> {fnv}
+                 n_copies rows of size bytes at offset + i*stride (SET_TENSOR_2D from 8.0.0;
+                 one copy, or an older client: plain uploads row by row)
+  get_2d         tensor, size, n_copies, stride, offset=0 -> {fnv, size, head}
+  compute        outputs=[names], graph=None             -> {status, uid}
+                 with graph NAME the graph is kept with a uid; computing NAME again lets
+                 the client reuse it (GRAPH_RECOMPUTE)
+  forget_graph   graph                                   -> {uid}
   copy           src, dst                                -> {ok}
   memset         tensor, offset, size, value             -> {}
   clear          buffer, value                           -> {}

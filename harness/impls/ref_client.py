@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from ..peer.client import RefClient, ServerClosed, VersionRejected
 from ..peer.knobs import Misbehaviour
-from ..proto import ggml
+from ..proto import Cmd, ggml
 from ..proto.errors import ProtocolError
 from ..proto.tensor import RpcTensor, nbytes
 from .driver import (NODE_KINDS, USAGES, ClientAborted, ClientDriver, ExitInfo, StepFailed,
@@ -25,6 +25,7 @@ ABORT_TEXT = "Remote RPC server crashed or returned malformed response"
 # ggml_op_alloc_size_may_expand: ops whose alloc size the client asks the server for
 ALLOC_SIZE_MAY_EXPAND = {ggml.OP[n] for n in ("FLASH_ATTN_EXT", "MUL_MAT", "MUL_MAT_ID", "CUMSUM",
                                                "ARGSORT", "TOP_K")}
+GRAPH_CACHE_MAX = 1024  # 8.0.0 client: uids remembered per device before the cache is cleared
 
 
 @dataclass
@@ -58,6 +59,9 @@ class RefClientDriver(ClientDriver):
         self._bufts: dict[int, dict] = {}
         self._by_id: dict[int, RpcTensor] = {}
         self._alloc_sizes: dict[tuple, int] = {}
+        self._graphs: dict[str, tuple[int, list, list]] = {}  # name -> (uid, nodes, tensors)
+        self._next_uid = 0
+        self._known_uids: dict[int, list[int]] = {}  # device -> uids the server holds
         self._i = 0
         self._log: list[str] = []
         self.exit_info: ExitInfo | None = None
@@ -249,18 +253,75 @@ class RefClientDriver(ClientDriver):
                 name=name, op=op, op_params=op_params, src=tuple(t.id for t in ins))
         return self._place(name, rec, buf_name)
 
-    def _op_compute(self, outputs=()):
-        nodes, tensors = serialize_graph([self.tensors[o] for o in outputs],
-                                         {t.id: t for t in self.tensors.values()})
-        # ggml_build_forward_expand sets the COMPUTE flag on the tensors themselves, so later
-        # requests about them carry it too
-        flagged = {n.id: n for n in nodes}
-        for name, rec in list(self.tensors.items()):
-            if rec.id in flagged:
-                self.tensors[name] = self._by_id[rec.id] = rec.with_(flags=flagged[rec.id].flags)
-        # a graph made fresh for one compute has uid 0, as ggml_new_graph gives the C client
-        self.client.graph_compute([n.id for n in nodes], tensors, uid=0)
-        return {"status": 0}
+    def _op_compute(self, outputs=(), graph: str | None = None, device: int = 0):
+        if graph is not None and graph in self._graphs:
+            uid, node_ids, tensors = self._graphs[graph]
+        else:
+            nodes, tensors = serialize_graph([self.tensors[o] for o in outputs],
+                                             {t.id: t for t in self.tensors.values()})
+            # ggml_build_forward_expand sets the COMPUTE flag on the tensors themselves, so
+            # later requests about them carry it too
+            flagged = {n.id: n for n in nodes}
+            for name, rec in list(self.tensors.items()):
+                if rec.id in flagged:
+                    self.tensors[name] = self._by_id[rec.id] = rec.with_(flags=flagged[rec.id].flags)
+            node_ids = [n.id for n in nodes]
+            uid = 0  # a graph made fresh for one compute has uid 0, as ggml_new_graph gives
+            if graph is not None:  # a kept graph gets a uid, as the C client's counter gives
+                self._next_uid += 1
+                uid = self._next_uid
+                self._graphs[graph] = (uid, node_ids, tensors)
+        if self._server_has_graph(device, uid):
+            self.client.graph_recompute(device, uid)
+        else:
+            self.client.graph_compute(node_ids, tensors, device=device, uid=uid)
+        return {"status": 0, "uid": uid}
+
+    def _server_has_graph(self, device: int, uid: int) -> bool:
+        """The C client's reuse rule: 7.x remembers the last uid per device; 8.0.0 keeps up
+        to GRAPH_CACHE_MAX uids per device and clears them all when full (spec 6.3, 12.2)."""
+        known = self._known_uids.setdefault(device, [])
+        if not self.client.dialect.graph_uid:
+            hit = uid != 0 and known == [uid]
+            known[:] = [uid]  # a uid-0 graph resets the last uid too
+            return hit
+        if not uid:
+            return False
+        if uid in known:
+            return True
+        if len(known) >= GRAPH_CACHE_MAX:
+            known.clear()
+        known.append(uid)
+        return False
+
+    def _op_forget_graph(self, graph: str):
+        return {"uid": self._graphs.pop(graph)[0]}
+
+    def _rows_2d(self, rec: RpcTensor, offset: int, size: int, n_copies: int, stride: int):
+        if min(offset, size, n_copies, stride) < 0 or (
+                n_copies and offset + (n_copies - 1) * stride + size > nbytes(rec)):
+            raise ValueError("2D span outside the tensor")
+        return [offset + i * stride for i in range(n_copies)]
+
+    def _op_set_2d(self, tensor: str, size: int, n_copies: int, stride: int, offset: int = 0,
+                   fill=None):
+        rec = self.tensors[tensor]
+        rows = self._rows_2d(rec, offset, size, n_copies, stride)
+        data = make_fill(fill or {}, size * n_copies)
+        weights = self.usage_of.get(tensor) == "weights"
+        if self.client.dialect.has(Cmd.SET_TENSOR_2D) and n_copies > 1:
+            self.client.set_tensor_2d(rec, data, offset, size, n_copies, stride)
+        else:  # one copy is a plain upload (hashed like one); < 8.0.0: row by row
+            for i, row in enumerate(rows):
+                self.client.set_tensor(rec, data[i * size:(i + 1) * size], row, weights=weights)
+        return {"fnv": digest(data)["fnv"]}
+
+    def _op_get_2d(self, tensor: str, size: int, n_copies: int, stride: int, offset: int = 0):
+        rec = self.tensors[tensor]
+        rows = self._rows_2d(rec, offset, size, n_copies, stride)
+        if self.client.dialect.has(Cmd.GET_TENSOR_2D) and n_copies > 1:
+            return digest(self.client.get_tensor_2d(rec, offset, size, n_copies, stride))
+        return digest(b"".join(bytes(self.client.get_tensor(rec, row, size)) for row in rows))
 
     def _op_copy(self, src: str, dst: str):
         return {"ok": self.client.copy_tensor(self.tensors[src], self.tensors[dst])}

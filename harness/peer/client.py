@@ -241,6 +241,20 @@ class RefClient:
         if self.conn.pending_responses:  # <= 5.0.0 had no SET_TENSOR response either
             self._response()
 
+    def set_tensor_2d(self, tensor: RpcTensor, data, offset: int, size: int, n_copies: int,
+                      stride: int) -> None:
+        """SET_TENSOR_2D (>= 8.0.0): ``n_copies`` packed rows of ``size`` bytes, row i landing
+        at offset + i*stride. No hash: the 8.0.0 client never hashes a 2D upload."""
+        view = memoryview(data).cast("B")
+        if view.nbytes != size * n_copies:
+            raise ValueError(f"{view.nbytes} data bytes for {n_copies} x {size}")
+        self._post(m.SetTensor2DRequest(tensor, offset, size, n_copies, stride, bytes(view)))
+        self.stats.bytes_uploaded += view.nbytes
+
+    def get_tensor_2d(self, tensor: RpcTensor, offset: int, size: int, n_copies: int,
+                      stride: int) -> bytes:
+        return self._call(m.GetTensor2DRequest(tensor, offset, size, n_copies, stride)).data
+
     def set_tensor_hash(self, tensor: RpcTensor, offset: int, h: int) -> bool:
         return bool(self._call(m.SetTensorHashRequest(tensor, offset, h)).result)
 
