@@ -186,6 +186,27 @@ def test_ref_client_reuses_graphs_and_splits_uploads_as_the_c_client(tmp_path, p
 
 
 @pytest.mark.realpeer
+def test_graph_cache_limit_is_the_c_clients(tmp_path):
+    """1025 kept graphs: the 8.0.0 client clears its uid cache at the 1025th, so the first
+    graph goes out again as GRAPH_COMPUTE; the reference client does the same."""
+    from harness.impls.real_client import CtypesClientDriver
+    from harness.impls.ref_client import GRAPH_CACHE_MAX
+    peer = real_peer("p8")
+    steps = GRAPH_STEPS[:4] + [{"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"],
+                                "buffer": "act", "offset": 0}]
+    steps += [{"op": "compute", "outputs": ["s"], "graph": f"g{i}"}
+              for i in range(GRAPH_CACHE_MAX + 1)]
+    steps += [{"op": "compute", "graph": "g0"}, {"op": "compute", "graph": f"g{GRAPH_CACHE_MAX}"}]
+    wires = []
+    for driver in (CtypesClientDriver(peer.lib_dir, proto="8.0.0"), RefClientDriver("8.0.0")):
+        with start_peer_server(peer, workdir=tmp_path / driver.name) as srv:
+            wires.append(run_session(driver, srv, tmp_path, steps)[1])
+    c_wire, r_wire = wires
+    assert first_divergence(c_wire, r_wire) is None
+    assert [e["cmd"] for e in c_wire[-2:]] == ["GRAPH_COMPUTE", "GRAPH_RECOMPUTE"]
+
+
+@pytest.mark.realpeer
 @pytest.mark.parametrize("proto", sorted(REAL))
 def test_reference_server_gives_the_real_servers_results(tmp_path, proto):
     """The real C client against `harness serve --proto P` and against the real server."""
