@@ -762,6 +762,16 @@ static int sv_recv_msg(struct sv_qp *q, int fd, struct sv_msg *m) {
     return sv_io_all(q, fd, &v, 1, 0);
 }
 
+static int sv_discard(struct sv_qp *q, int fd, uint64_t n) {
+    uint8_t sink[4096];
+    while (n) {
+        struct iovec v = {sink, n < sizeof(sink) ? (size_t)n : sizeof(sink)};
+        n -= v.iov_len;
+        if (sv_io_all(q, fd, &v, 1, 0) != 0) return -1;
+    }
+    return 0;
+}
+
 static void sv_sleep_us(double us) {
     struct timespec ts = {(time_t)(us / 1e6), (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
@@ -906,15 +916,26 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
     if ((s != IBV_QPS_RTR && s != IBV_QPS_RTS) || src_qpn != q->dest_qpn || req->a != q->rq_psn) {
         /* an HCA drops such packets without a word */
     } else if (!q->rq.count) {
+#ifdef SOFTVERBS_PLANT_NO_RNR /* planted fault for the tests: a SEND with no RECV vanishes */
+        pthread_mutex_unlock(&q->lock);
+        struct sv_msg cts = {MSG_CTS, 0, 0, 0, 0}, planted_ack = {MSG_ACK, 0, 0, 0, 0};
+        if (sv_send_msg(q, fd, &cts) != 0 || sv_discard(q, fd, req->len) != 0) return -1;
+        return sv_send_msg(q, fd, &planted_ack);
+#endif
         a.type = MSG_RNR_NAK;
         a.a = q->min_rnr_timer;
         q->st.rnr_naks_sent++;
+        sv_stats_write(q);
     } else {
         struct sv_wr *wr = sv_queue_head(&q->rq);
         struct sv_pd *pd = to_pd(q->qp.pd);
         int prot_ok = 1;
         for (int i = 0; i < wr->num_sge; i++) prot_ok &= sv_sge_ok(pd, &wr->sge[i], 1);
+#ifdef SOFTVERBS_PLANT_TRUNCATE /* planted fault for the tests: oversized SENDs are cut */
+        if (!prot_ok || 0) {
+#else
         if (!prot_ok || req->len > wr->length) {
+#endif
             enum ibv_wc_status st = prot_ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
             sv_log("qp %u: incoming SEND of %llu bytes, head RECV wr_id %llu (%u bytes): %s",
                    q->qp.qp_num, (unsigned long long)req->len, (unsigned long long)wr->wr_id,
@@ -939,7 +960,9 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
     if (a.type == MSG_DROP) return 0; /* not even an answer: the requester times out */
     if (sv_send_msg(q, fd, &a) != 0) return -1;
     if (a.type != MSG_CTS) return 0;
-    if (niov && sv_io_all(q, fd, iov, niov, 0) != 0) {
+    uint64_t landed = 0;
+    for (int i = 0; i < niov; i++) landed += iov[i].iov_len;
+    if ((niov && sv_io_all(q, fd, iov, niov, 0) != 0) || sv_discard(q, fd, req->len - landed) != 0) {
         pthread_mutex_lock(&q->lock); /* the requester vanished mid-message: the RECV is lost */
         sv_complete(q, q->qp.recv_cq, wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
         sv_to_error(q);

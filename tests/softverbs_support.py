@@ -1,0 +1,171 @@
+"""Shared pieces of the soft-verbs tests: the device build, the RDMA build of a real peer, the
+check that a payload went over RDMA, and the pyverbs client session run in a subprocess.
+
+The RDMA build goes through :func:`rdma_peer_dir` only, so it can switch to the product's
+``harness peers build p7 --rdma`` entry when that lands.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from platformdirs import user_cache_dir
+
+from harness.transport.softverbs import (
+    QpStats,
+    SoftverbsUnavailable,
+    build_softverbs,
+    read_qp_stats,
+    softverbs_env,
+)
+
+TESTS_DIR = Path(__file__).resolve().parent
+SEMANTICS_SOURCE = TESTS_DIR / "softverbs" / "semantics.c"
+RDMA_PIN = "p7"
+ACTIVATED_RE = re.compile(r"RDMA activated: qpn=(\d+)->(\d+)")
+
+
+def softverbs_lib_dir(defines: tuple[str, ...] = ()) -> Path:
+    """The device build; its absence is a failure (the project's setup installs the headers)."""
+    try:
+        return build_softverbs(defines=defines)
+    except SoftverbsUnavailable as e:
+        pytest.fail(f"softverbs cannot be built: {e}")
+
+
+def build_semantics(lib_dir: Path, out_dir: Path) -> Path:
+    """Compile the C semantics test against the soft device (and only it, through RUNPATH)."""
+    exe = out_dir / "semantics"
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    r = subprocess.run([cc, "-O1", "-g", "-Wall", "-Wno-unused-parameter", "-o", str(exe),
+                        str(SEMANTICS_SOURCE), str(lib_dir / "libibverbs.so.1"),
+                        f"-Wl,-rpath,{lib_dir}"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return exe
+
+
+def run_semantics(exe: Path, lib_dir: Path, case: str, stats_dir: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(exe), case], capture_output=True, text=True, timeout=90,
+                          env=softverbs_env(lib_dir, stats_dir=stats_dir))
+
+
+# ---------------------------------------------------------------- the RDMA build of a real peer
+
+def _rdma_cmake_flags() -> list[str]:
+    from harness.impls.build import CMAKE_FLAGS
+    return [f for f in CMAKE_FLAGS if not f.startswith("-DGGML_RPC_RDMA=")] + \
+        ["-DGGML_RPC_RDMA=ON", "-DLLAMA_BUILD_TESTS=OFF"]
+
+
+def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
+    """Bin dir of ``pin_name`` built with -DGGML_RPC_RDMA=ON (server + libggml-rpc.so).
+
+    Built by hand from the sdist the peer cache already downloaded, into this test suite's
+    own cache entry (never the shared peers cache). Skips like the other real-peer tests
+    when that sdist is not there yet (``harness peers build p7`` fetches it).
+    """
+    from harness.impls import build as b
+    from harness.impls.registry import get_pin
+    pin = get_pin(pin_name)
+    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / f"{pin_name}-rdma"
+    bin_dir = entry / "bin"
+    if (bin_dir / pin.server_target).is_file():
+        return bin_dir
+    archive = b._cached_download(pin)
+    if archive is None:
+        pytest.skip(f"no cached sdist of {pin.package}=={pin.version}: run "
+                    f"`harness peers build {pin_name}` first")
+    for tool in ("cmake", "ninja"):
+        if not b.find_tool(tool):
+            pytest.fail(f"{tool} missing: pip install -e '.[build]'")
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{pin_name}-rdma-") as tmp:
+        tmp = Path(tmp)
+        source, _ = b._unpack_sdist(pin, archive, tmp / "src")
+        build = tmp / "build"
+        env = b._tool_env()
+        cmake, ninja = b.find_tool("cmake"), b.find_tool("ninja")
+        for cmd in ([cmake, "-S", str(source), "-B", str(build), "-G", "Ninja",
+                     f"-DCMAKE_MAKE_PROGRAM={ninja}", *_rdma_cmake_flags()],
+                    ["nice", cmake, "--build", str(build), "-j", "2", "--target",
+                     pin.server_target]):
+            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
+            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+        staged = tmp / "bin"
+        b._install_bin(build, staged, pin.server_target)
+        if entry.exists():
+            shutil.rmtree(entry)
+        entry.mkdir()
+        staged.rename(bin_dir)
+    return bin_dir
+
+
+# ---------------------------------------------------------------- did RDMA carry it?
+
+def qp_of(stats_dir: Path) -> QpStats:
+    qps = read_qp_stats(stats_dir)
+    assert len(qps) == 1, f"expected one queue pair in {stats_dir}, found {qps}"
+    return qps[0]
+
+
+def assert_rdma_carried(client_stats: Path, server_stats: Path, payload: int,
+                        server_log: str) -> tuple[QpStats, QpStats]:
+    """Both sides' queue pairs were connected to each other, carried at least ``payload``
+    bytes each way without an error, and the server says it activated RDMA on that QP."""
+    m = ACTIVATED_RE.search(server_log)
+    assert m, f"the server never logged 'RDMA activated':\n{server_log[-2000:]}"
+    cq, sq = qp_of(client_stats), qp_of(server_stats)
+    assert (int(m.group(1)), int(m.group(2))) == (sq.qpn, cq.qpn), (m.group(0), cq, sq)
+    assert cq.dest_qpn == sq.qpn and sq.dest_qpn == cq.qpn, (cq, sq)
+    assert cq.errors == 0 and sq.errors == 0, (cq, sq)
+    assert cq.send_bytes == sq.recv_bytes and sq.send_bytes == cq.recv_bytes, (cq, sq)
+    assert cq.send_bytes >= payload and sq.send_bytes >= payload, (payload, cq, sq)
+    return cq, sq
+
+
+# ---------------------------------------------------------------- pyverbs client in a subprocess
+
+PYVERBS_SESSION = r"""
+import json, os, sys
+from harness.peer.client import RefClient
+from harness.proto import RpcTensor, ggml
+from harness.transport.rdma_emu import config_for_dialect
+from harness.transport.verbs import connect_verbs
+host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+ep = connect_verbs(host, port, config_for_dialect("7.0.0"), timeout=20)
+c = RefClient(ep, "7.0.0")
+c.hello()
+out = {"rdma_active": c.rdma_active, "device": ep.wire.dev.name, "qpn": ep.wire.local_qpn,
+       "peer_qpn": ep.wire.peer_qpn}
+ptr, _ = c.alloc_buffer(size)
+t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
+                   data=c.buffer_get_base(ptr))
+data = os.urandom(size)
+c.set_tensor(t, data)
+out["round_trip_ok"] = bytes(c.get_tensor(t, 0, size)) == data
+out["overruns"] = ep.stats.overruns
+out["largest_send"] = ep.stats.largest_send
+c.close()
+print(json.dumps(out))
+"""
+
+
+def pyverbs_client_session(lib_dir: Path, stats_dir: Path, endpoint: str, size: int) -> dict:
+    """The reference client over harness.transport.verbs (pyverbs) on the soft device, in a
+    process of its own so the soft libibverbs is loaded there only."""
+    host, port = endpoint.rsplit(":", 1)
+    env = softverbs_env(lib_dir, stats_dir=stats_dir)
+    root = str(TESTS_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    r = subprocess.run([sys.executable, "-c", PYVERBS_SESSION, host, port, str(size)],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, f"pyverbs session failed:\n{r.stdout}\n{r.stderr[-3000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
