@@ -134,38 +134,57 @@ def assert_rdma_carried(client_stats: Path, server_stats: Path, payload: int,
 # ---------------------------------------------------------------- pyverbs client in a subprocess
 
 PYVERBS_SESSION = r"""
-import json, os, sys
+import io, json, os, sys
 from harness.peer.client import RefClient
-from harness.proto import RpcTensor, ggml
-from harness.transport.rdma_emu import config_for_dialect
-from harness.transport.verbs import connect_verbs
-host, port, size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-ep = connect_verbs(host, port, config_for_dialect("7.0.0"), timeout=20)
-c = RefClient(ep, "7.0.0")
-c.hello()
-out = {"rdma_active": c.rdma_active, "device": ep.wire.dev.name, "qpn": ep.wire.local_qpn,
-       "peer_qpn": ep.wire.peer_qpn}
-ptr, _ = c.alloc_buffer(size)
-t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
-                   data=c.buffer_get_base(ptr))
-data = os.urandom(size)
-c.set_tensor(t, data)
-out["round_trip_ok"] = bytes(c.get_tensor(t, 0, size)) == data
-out["overruns"] = ep.stats.overruns
-out["largest_send"] = ep.stats.largest_send
-c.close()
+from harness.peer.server import ReferenceServer
+from harness.peer.server_core import ServerConfig
+from harness.proto import RpcTensor, get_dialect, ggml
+from harness.transport import rdma_emu
+from harness.transport.verbs import connect_verbs, verbs_listener
+
+def session(host, port, cfg, size):
+    ep = connect_verbs(host, port, cfg, timeout=20)
+    c = RefClient(ep, "7.0.0")
+    c.hello()
+    out = {"rdma_active": c.rdma_active, "device": ep.wire.dev.name,
+           "qpn": ep.wire.local_qpn, "peer_qpn": ep.wire.peer_qpn}
+    ptr, _ = c.alloc_buffer(size)
+    t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(size,), buffer=ptr,
+                       data=c.buffer_get_base(ptr))
+    data = os.urandom(size)
+    c.set_tensor(t, data)
+    out["round_trip_ok"] = bytes(c.get_tensor(t, 0, size)) == data
+    out.update(overruns=ep.stats.overruns, largest_send=ep.stats.largest_send,
+               max_in_flight=ep.wire.stats.max_in_flight)
+    c.close()
+    return out
+
+mode, size = sys.argv[1], int(sys.argv[2])
+if mode == "client":  # against a server given as HOST PORT
+    out = session(sys.argv[3], int(sys.argv[4]), rdma_emu.config_for_dialect("7.0.0"), size)
+else:  # "pair CLIENT_CFG SERVER_CFG": a reference server on verbs too, in this process
+    ccfg, scfg = getattr(rdma_emu, sys.argv[3]), getattr(rdma_emu, sys.argv[4])
+    srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=20,
+                          out=io.StringIO(), err=io.StringIO())
+    with verbs_listener(srv.serve_transport, scfg, timeout=20) as lst:
+        out = session("127.0.0.1", lst.port, ccfg, size)
+    rec = srv.connections[0]
+    out.update(server_rdma_active=rec.rdma_active, server_close_reason=rec.close_reason,
+               notes=list(lst.notes), server_max_landed=lst.endpoints[0].wire.stats.max_landed)
 print(json.dumps(out))
 """
 
 
-def pyverbs_client_session(lib_dir: Path, stats_dir: Path, endpoint: str, size: int) -> dict:
+def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> dict:
     """The reference client over harness.transport.verbs (pyverbs) on the soft device, in a
-    process of its own so the soft libibverbs is loaded there only."""
-    host, port = endpoint.rsplit(":", 1)
+    process of its own so the soft libibverbs is loaded there only. ``args``: ``client HOST
+    PORT`` (a server elsewhere) or ``pair CLIENT_CFG SERVER_CFG`` (rdma_emu preset names; a
+    reference server on verbs in the same process)."""
     env = softverbs_env(lib_dir, stats_dir=stats_dir)
     root = str(TESTS_DIR.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    r = subprocess.run([sys.executable, "-c", PYVERBS_SESSION, host, port, str(size)],
+    mode, *rest = args
+    r = subprocess.run([sys.executable, "-c", PYVERBS_SESSION, mode, str(size), *rest],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, f"pyverbs session failed:\n{r.stdout}\n{r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -15,7 +15,7 @@ from harness.transport.softverbs import softverbs_env
 from softverbs_support import (
     ACTIVATED_RE,
     assert_rdma_carried,
-    pyverbs_client_session,
+    pyverbs_session,
     qp_of,
     rdma_peer_dir,
     softverbs_lib_dir,
@@ -101,7 +101,8 @@ def test_pyverbs_transport_talks_to_the_real_rdma_server(rdma_bin, lib_dir, tmp_
     client_stats.mkdir()
     srv, server_stats = _serve(rdma_bin, lib_dir, tmp_path)
     with srv:
-        out = pyverbs_client_session(lib_dir, client_stats, srv.endpoint, PAYLOAD)
+        out = pyverbs_session(lib_dir, client_stats, PAYLOAD, "client",
+                              *srv.endpoint.rsplit(":", 1))
         log = srv.log()
     assert out["rdma_active"] and out["device"] == "softverbs0" and out["round_trip_ok"], out
     assert out["overruns"] == 0 and out["largest_send"] == 256 * 1024, out
