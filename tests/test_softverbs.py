@@ -15,7 +15,7 @@ from harness.transport.softverbs import SoftverbsUnavailable, build_softverbs, s
 from softverbs_support import build_semantics, run_semantics, softverbs_lib_dir
 
 CASES = ["in_order", "length_error", "rnr_wait", "rnr_retry_exceeded", "no_such_qp", "inline",
-         "protection_error", "completion_channel", "misuse", "flush"]
+         "protection_error", "completion_channel", "misuse", "flush", "not_ready_retried"]
 
 
 @pytest.fixture(scope="module")

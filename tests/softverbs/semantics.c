@@ -209,7 +209,7 @@ static void signal_peer(int fd, char c) { xwrite(fd, &c, 1); }
 static char await_peer(int fd) { char c; xread(fd, &c, 1); return c; }
 
 typedef void (*case_fn)(struct end *e, const struct caps *peer, int in, int out);
-struct case_def { const char *name; case_fn sender, receiver; uint8_t rnr_retry, timeout, retry_cnt; int recv_mr_access; int bogus_peer; };
+struct case_def { const char *name; case_fn sender, receiver; uint8_t rnr_retry, timeout, retry_cnt; int recv_mr_access; int bogus_peer; int late_rtr; };
 
 static int run(const struct case_def *c) {
     CHECK(pipe(to_child) == 0 && pipe(to_parent) == 0, "pipe");
@@ -229,7 +229,7 @@ static int run(const struct case_def *c) {
     xwrite(out, &mine, sizeof(mine));
     xread(in, &peer, sizeof(peer));
     if (c->bogus_peer && !is_child) peer.qpn ^= 0x800000; /* a QPN nobody has */
-    to_rts(&e, &peer, c->rnr_retry, c->timeout, c->retry_cnt);
+    if (!(is_child && c->late_rtr)) to_rts(&e, &peer, c->rnr_retry, c->timeout, c->retry_cnt);
     signal_peer(out, 'r');
     CHECK(await_peer(in) == 'r', "peer not ready");
     (is_child ? c->receiver : c->sender)(&e, &peer, in, out);
@@ -470,6 +470,41 @@ static void flush_recv(struct end *e, const struct caps *p, int in, int out) {
 }
 static void idle_send(struct end *e, const struct caps *p, int in, int out) {}
 
+/* a SEND that reaches a QP still in INIT is dropped (no answer from an HCA) and retried
+ * after `timeout`; once the responder is RTR the retry lands */
+static void late_rtr_send(struct end *e, const struct caps *p, int in, int out) {
+    uint8_t msg[24];
+    memset(msg, 'l', sizeof(msg));
+    CHECK(post_send(e, 31, msg, sizeof(msg), 0) == 0, "post_send");
+    expect_wc(e->scq, 31, IBV_WC_SUCCESS, 24, "send retried until the peer was RTR");
+}
+static void late_rtr_recv(struct end *e, const struct caps *p, int in, int out) {
+    post_recv(e, 32, 0, SLOT);
+    /* stay in INIT until the sender's device has counted a retry */
+    const char *dir = getenv("SOFTVERBS_STATS_DIR");
+    CHECK(dir, "SOFTVERBS_STATS_DIR not set");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/qp-%d-%u.json", dir, (int)getppid(), p->qpn);
+    double end = now_s() + DEADLINE_S;
+    for (;;) {
+        char buf[1024] = {0};
+        FILE *f = fopen(path, "r");
+        CHECK(f, "no stats file %s", path);
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *k = strstr(buf, "\"retries\": ");
+        if (k && atoi(k + 11) >= 1) break;
+        CHECK(now_s() < end, "the sender never retried within %d s: %s", DEADLINE_S, buf);
+        usleep(1000);
+    }
+    expect_empty(e->rcq, "a RECV completed in INIT");
+    struct caps sender = *p;
+    to_rts(e, &sender, 7, 14, 7);
+    expect_wc(e->rcq, 32, IBV_WC_SUCCESS, 24, "the retried SEND lands");
+    CHECK(e->buf[0] == 'l' && e->buf[23] == 'l', "data");
+}
+
 static const struct case_def CASES[] = {
     {"in_order", in_order_send, in_order_recv, 7, 14, 7, 0, 0},
     {"length_error", len_err_send, len_err_recv, 7, 14, 7, 0, 0},
@@ -481,6 +516,7 @@ static const struct case_def CASES[] = {
     {"completion_channel", channel_send, channel_recv, 7, 14, 7, 0, 0},
     {"misuse", misuse_send, idle_recv, 7, 14, 7, 0, 0},
     {"flush", idle_send, flush_recv, 7, 14, 7, 0, 0},
+    {"not_ready_retried", late_rtr_send, late_rtr_recv, 7, 18, 7, 0, 0, 1},
 };
 
 int main(int argc, char **argv) {

@@ -864,8 +864,11 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
             pthread_mutex_unlock(&q->lock);
             close(fd);
         }
-        q->st.retries++;
         if (++retries > q->retry_cnt) return IBV_WC_RETRY_EXC_ERR;
+        pthread_mutex_lock(&q->lock);
+        q->st.retries++;
+        sv_stats_write(q);
+        pthread_mutex_unlock(&q->lock);
         sv_sleep_us(sv_timeout_us(q->timeout));
     }
 }
@@ -957,7 +960,8 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
         }
     }
     pthread_mutex_unlock(&q->lock);
-    if (a.type == MSG_DROP) return 0; /* not even an answer: the requester times out */
+    /* DROP stands for the silence of an HCA that discards the packet: the requester counts
+     * it as a lost packet (retry after `timeout`), without waiting the timeout for nothing */
     if (sv_send_msg(q, fd, &a) != 0) return -1;
     if (a.type != MSG_CTS) return 0;
     uint64_t landed = 0;
