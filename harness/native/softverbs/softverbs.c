@@ -772,9 +772,11 @@ static int sv_discard(struct sv_qp *q, int fd, uint64_t n) {
     return 0;
 }
 
-static void sv_sleep_us(double us) {
+/* Sleep like an HCA's retry timer, but wake at once when the QP is being destroyed. */
+static void sv_sleep_us(struct sv_qp *q, double us) {
     struct timespec ts = {(time_t)(us / 1e6), (long)((us - (double)(time_t)(us / 1e6) * 1e6) * 1e3)};
-    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {}
+    struct pollfd p = {q->wake_fd, POLLIN, 0};
+    while (ppoll(&p, 1, &ts, NULL) < 0 && errno == EINTR) {}
 }
 
 /* IB spec: local ACK timeout = 4.096 us * 2^timeout; 0 = infinite (we use 2^31 us then). */
@@ -850,7 +852,7 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
         } else if (ok && m.type == MSG_RNR_NAK) {
             q->st.rnr_naks_received++;
             if (q->rnr_retry != 7 && ++rnr > q->rnr_retry) return IBV_WC_RNR_RETRY_EXC_ERR;
-            sv_sleep_us(sv_rnr_us((uint8_t)m.a));
+            sv_sleep_us(q, sv_rnr_us((uint8_t)m.a));
             continue;
         } else if (ok && m.type == MSG_NAK_INV_REQ) {
             return IBV_WC_REM_INV_REQ_ERR;
@@ -869,7 +871,7 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
         q->st.retries++;
         sv_stats_write(q);
         pthread_mutex_unlock(&q->lock);
-        sv_sleep_us(sv_timeout_us(q->timeout));
+        sv_sleep_us(q, sv_timeout_us(q->timeout));
     }
 }
 
