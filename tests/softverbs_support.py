@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import select
 import shutil
 import subprocess
 import sys
@@ -23,6 +23,7 @@ from harness.transport.softverbs import (
     QpStats,
     SoftverbsUnavailable,
     build_softverbs,
+    rdma_carried_problems,
     read_qp_stats,
     softverbs_env,
 )
@@ -30,7 +31,6 @@ from harness.transport.softverbs import (
 TESTS_DIR = Path(__file__).resolve().parent
 SEMANTICS_SOURCE = TESTS_DIR / "softverbs" / "semantics.c"
 RDMA_PIN = "p7"
-ACTIVATED_RE = re.compile(r"RDMA activated: qpn=(\d+)->(\d+)")
 
 
 def softverbs_lib_dir(defines: tuple[str, ...] = ()) -> Path:
@@ -117,17 +117,12 @@ def qp_of(stats_dir: Path) -> QpStats:
 
 
 def assert_rdma_carried(client_stats: Path, server_stats: Path, payload: int,
-                        server_log: str) -> tuple[QpStats, QpStats]:
-    """Both sides' queue pairs were connected to each other, carried at least ``payload``
-    bytes each way without an error, and the server says it activated RDMA on that QP."""
-    m = ACTIVATED_RE.search(server_log)
-    assert m, f"the server never logged 'RDMA activated':\n{server_log[-2000:]}"
+                        server_log: str | None) -> tuple[QpStats, QpStats]:
+    """The one client QP and the one server QP carried the session (see
+    :func:`harness.transport.softverbs.rdma_carried_problems`)."""
     cq, sq = qp_of(client_stats), qp_of(server_stats)
-    assert (int(m.group(1)), int(m.group(2))) == (sq.qpn, cq.qpn), (m.group(0), cq, sq)
-    assert cq.dest_qpn == sq.qpn and sq.dest_qpn == cq.qpn, (cq, sq)
-    assert cq.errors == 0 and sq.errors == 0, (cq, sq)
-    assert cq.send_bytes == sq.recv_bytes and sq.send_bytes == cq.recv_bytes, (cq, sq)
-    assert cq.send_bytes >= payload and sq.send_bytes >= payload, (payload, cq, sq)
+    problems = rdma_carried_problems(cq, sq, payload, server_log)
+    assert not problems, f"{problems}\nclient {cq}\nserver {sq}"
     return cq, sq
 
 
@@ -160,7 +155,16 @@ def session(host, port, cfg, size):
     return out
 
 mode, size = sys.argv[1], int(sys.argv[2])
-if mode == "client":  # against a server given as HOST PORT
+if mode == "serve":  # "serve SERVER_CFG": print the port, serve until stdin closes
+    srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=60,
+                          out=io.StringIO(), err=io.StringIO())
+    with verbs_listener(srv.serve_transport, getattr(rdma_emu, sys.argv[3]), timeout=60) as lst:
+        print(json.dumps({"port": lst.port}), flush=True)
+        sys.stdin.read()
+    out = {"connections": [{"rdma_active": c.rdma_active, "close_reason": c.close_reason}
+                           for c in srv.connections],
+           "notes": list(lst.notes), "devices": [ep.wire.dev.name for ep in lst.endpoints]}
+elif mode == "client":  # against a server given as HOST PORT
     out = session(sys.argv[3], int(sys.argv[4]), rdma_emu.config_for_dialect("7.0.0"), size)
 else:  # "pair CLIENT_CFG SERVER_CFG": a reference server on verbs too, in this process
     ccfg, scfg = getattr(rdma_emu, sys.argv[3]), getattr(rdma_emu, sys.argv[4])
@@ -175,16 +179,54 @@ print(json.dumps(out))
 """
 
 
+def _pyverbs_cmd(lib_dir: Path, stats_dir: Path, mode: str, size: int, rest) -> tuple[list, dict]:
+    env = softverbs_env(lib_dir, stats_dir=stats_dir)
+    root = str(TESTS_DIR.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return [sys.executable, "-c", PYVERBS_SESSION, mode, str(size), *rest], env
+
+
 def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> dict:
     """The reference client over harness.transport.verbs (pyverbs) on the soft device, in a
     process of its own so the soft libibverbs is loaded there only. ``args``: ``client HOST
     PORT`` (a server elsewhere) or ``pair CLIENT_CFG SERVER_CFG`` (rdma_emu preset names; a
     reference server on verbs in the same process)."""
-    env = softverbs_env(lib_dir, stats_dir=stats_dir)
-    root = str(TESTS_DIR.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     mode, *rest = args
-    r = subprocess.run([sys.executable, "-c", PYVERBS_SESSION, mode, str(size), *rest],
-                       capture_output=True, text=True, timeout=120, env=env)
+    cmd, env = _pyverbs_cmd(lib_dir, stats_dir, mode, size, rest)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 0, f"pyverbs session failed:\n{r.stdout}\n{r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+class PyverbsServer:
+    """The reference server behind harness.transport.verbs on the soft device, in its own
+    process; ``result()`` stops it and returns what its connections did."""
+
+    def __init__(self, lib_dir: Path, stats_dir: Path, config: str = "OLD"):
+        cmd, env = _pyverbs_cmd(lib_dir, stats_dir, "serve", 0, [config])
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env)
+        ready = select.select([self.proc.stdout], [], [], 60)[0]
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.proc.kill()
+            _, err = self.proc.communicate(timeout=10)
+            raise AssertionError(f"pyverbs server did not start:\n{err[-3000:]}")
+        self.endpoint = f"127.0.0.1:{json.loads(line)['port']}"
+
+    def result(self) -> dict:
+        try:
+            out, err = self.proc.communicate("", timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, err = self.proc.communicate(timeout=10)
+        assert self.proc.returncode == 0, f"pyverbs server failed:\n{err[-3000:]}"
+        return json.loads(out.strip().splitlines()[-1])
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.communicate(timeout=10)

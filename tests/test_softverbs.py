@@ -10,7 +10,13 @@ import sys
 import pytest
 
 from harness.transport import softverbs
-from harness.transport.softverbs import SoftverbsUnavailable, build_softverbs, softverbs_env
+from harness.transport.softverbs import (
+    QpStats,
+    SoftverbsUnavailable,
+    build_softverbs,
+    rdma_carried_problems,
+    softverbs_env,
+)
 
 from softverbs_support import build_semantics, run_semantics, softverbs_lib_dir
 
@@ -87,3 +93,27 @@ def test_pyverbs_sees_the_soft_device(lib_dir):
                        timeout=60, env=softverbs_env(lib_dir))
     assert r.returncode == 0, r.stderr
     assert r.stdout.split("\n")[:2] == ["RDMA devices: softverbs0", "softverbs0 3 True"]
+
+
+def _qp(qpn, dest, sent, received, errors=0) -> QpStats:
+    return QpStats(pid=1, qpn=qpn, dest_qpn=dest, state="RTS", sends=1, send_bytes=sent,
+                   inline_sends=0, max_send=sent, recvs=1, recv_bytes=received,
+                   rnr_naks_sent=0, rnr_naks_received=0, retries=0, errors=errors)
+
+
+def test_rdma_carried_accepts_a_session_that_went_over_the_qps():
+    assert rdma_carried_problems(_qp(5, 9, 100, 80), _qp(9, 5, 80, 100), 80,
+                                 "RDMA activated: qpn=9->5 mtu=1024") == []
+
+
+@pytest.mark.parametrize("client, server, log, problem", [
+    (_qp(5, 9, 100, 80), _qp(9, 5, 80, 100), "transport: TCP", "never logged"),
+    (_qp(5, 9, 100, 80), _qp(9, 5, 80, 100), "RDMA activated: qpn=9->6", "not QP 9 -> 5"),
+    (_qp(5, 8, 100, 80), _qp(9, 5, 80, 100), None, "not connected"),
+    (_qp(5, 9, 100, 80), _qp(9, 5, 80, 100, errors=1), None, "error completions"),
+    (_qp(5, 9, 100, 80), _qp(9, 5, 80, 99), None, "bytes lost"),
+    (_qp(5, 9, 100, 10), _qp(9, 5, 10, 100), None, "less than the payload"),
+])
+def test_rdma_carried_names_each_planted_fault(client, server, log, problem):
+    problems = rdma_carried_problems(client, server, 80, log)
+    assert len(problems) == 1 and problem in problems[0], problems

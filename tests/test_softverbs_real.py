@@ -10,10 +10,10 @@ import pytest
 
 from harness.impls.driver import digest, make_fill
 from harness.impls.real_client import CtypesClientDriver
-from harness.transport.softverbs import softverbs_env
+from harness.transport.softverbs import ACTIVATED_RE, softverbs_env
 
 from softverbs_support import (
-    ACTIVATED_RE,
+    PyverbsServer,
     assert_rdma_carried,
     pyverbs_session,
     qp_of,
@@ -90,8 +90,9 @@ def test_the_rdma_check_fails_when_the_session_stays_on_tcp(rdma_bin, lib_dir, t
     with srv:
         _real_client_session(rdma_bin, lib_dir, srv.endpoint, client_stats)
         log = srv.log()
-    with pytest.raises(AssertionError, match="never logged 'RDMA activated'"):
-        assert_rdma_carried(client_stats, server_stats, PAYLOAD, log)
+    with pytest.raises(AssertionError, match="expected one queue pair in .*server-qps"):
+        assert_rdma_carried(client_stats, server_stats, PAYLOAD, log)  # the server never probed
+    assert "RDMA activated" not in log
     # the client probed (one QP) but never sent on it
     assert qp_of(client_stats).sends == 0
 
@@ -108,3 +109,19 @@ def test_pyverbs_transport_talks_to_the_real_rdma_server(rdma_bin, lib_dir, tmp_
     assert out["overruns"] == 0 and out["largest_send"] == 256 * 1024, out
     cq, sq = assert_rdma_carried(client_stats, server_stats, PAYLOAD, log)
     assert (cq.qpn, sq.qpn) == (out["qpn"], out["peer_qpn"])
+
+
+def test_real_rdma_client_against_the_pyverbs_reference_server(rdma_bin, lib_dir, tmp_path):
+    """The other direction: the real client library's RDMA code against the reference
+    server's pyverbs transport, real code on both sides of the queue pair."""
+    client_stats, server_stats = tmp_path / "client-qps", tmp_path / "server-qps"
+    client_stats.mkdir()
+    server_stats.mkdir()
+    with PyverbsServer(lib_dir, server_stats) as srv:
+        client_log = _real_client_session(rdma_bin, lib_dir, srv.endpoint, client_stats)
+        out = srv.result()
+    assert out["connections"] == [{"rdma_active": True, "close_reason": None}], out
+    assert out["devices"] == ["softverbs0"] and not out["notes"], out
+    m = [ACTIVATED_RE.search(line) for line in client_log]
+    assert any(m), client_log
+    assert_rdma_carried(client_stats, server_stats, PAYLOAD, None)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -148,12 +149,48 @@ def read_qp_stats(stats_dir: str | os.PathLike) -> list[QpStats]:
     return sorted(out, key=lambda s: (s.pid, s.qpn))
 
 
+ACTIVATED_RE = re.compile(r"RDMA activated: qpn=(\d+)->(\d+)")  # ggml-rpc's own log line
+
+
+def rdma_carried_problems(client: QpStats, server: QpStats, payload: int,
+                          server_log: str | None = None) -> list[str]:
+    """Why a session did not go over RDMA on these two QPs (empty: it did).
+
+    Both QPs connected to each other, at least ``payload`` bytes each way with every byte
+    sent by one received by the other, no error completion; with a real server's log, its
+    ``RDMA activated: qpn=<server>-><client>`` line names these QPs.
+    """
+    problems = []
+    if server_log is not None:
+        m = ACTIVATED_RE.search(server_log)
+        if not m:
+            problems.append("the server never logged 'RDMA activated'")
+        elif (int(m.group(1)), int(m.group(2))) != (server.qpn, client.qpn):
+            problems.append(f"the server activated {m.group(0)!r}, not QP {server.qpn} -> "
+                            f"{client.qpn}")
+    if client.dest_qpn != server.qpn or server.dest_qpn != client.qpn:
+        problems.append(f"QPs not connected to each other: client {client.qpn}->"
+                        f"{client.dest_qpn}, server {server.qpn}->{server.dest_qpn}")
+    if client.errors or server.errors:
+        problems.append(f"error completions: client {client.errors}, server {server.errors}")
+    if client.send_bytes != server.recv_bytes or server.send_bytes != client.recv_bytes:
+        problems.append(f"bytes lost: client sent {client.send_bytes} / server received "
+                        f"{server.recv_bytes}, server sent {server.send_bytes} / client "
+                        f"received {client.recv_bytes}")
+    if min(client.send_bytes, server.send_bytes) < payload:
+        problems.append(f"less than the payload ({payload} bytes) went over RDMA: client sent "
+                        f"{client.send_bytes}, server sent {server.send_bytes}")
+    return problems
+
+
 __all__ = [
+    "ACTIVATED_RE",
     "DEVICE_NAME",
     "LIB_NAME",
     "QpStats",
     "SoftverbsUnavailable",
     "build_softverbs",
+    "rdma_carried_problems",
     "read_qp_stats",
     "softverbs_env",
 ]
