@@ -194,6 +194,9 @@ def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> di
     mode, *rest = args
     cmd, env = _pyverbs_cmd(lib_dir, stats_dir, mode, size, rest)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    if "pyverbs not importable" in r.stderr:
+        pytest.fail("pyverbs is not installed: apt-get install python3-pyverbs "
+                    f"(.ci/system-deps does it)\n{r.stderr[-1000:]}")
     assert r.returncode == 0, f"pyverbs session failed:\n{r.stdout}\n{r.stderr[-3000:]}"
     return json.loads(r.stdout.strip().splitlines()[-1])
 
