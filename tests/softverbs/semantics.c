@@ -193,6 +193,29 @@ static void expect_empty(struct ibv_cq *cq, const char *what) {
           ibv_wc_status_str(wc.status));
 }
 
+/* Wait until the device's counter `key` of QP (pid, qpn) reaches `at_least` (the stats file
+ * of SOFTVERBS_STATS_DIR): how a case sees what the other side's device did. */
+static void wait_counter(int pid, uint32_t qpn, const char *key, int at_least) {
+    const char *dir = getenv("SOFTVERBS_STATS_DIR");
+    CHECK(dir, "SOFTVERBS_STATS_DIR not set");
+    char path[4096], pat[64];
+    snprintf(path, sizeof(path), "%s/qp-%d-%u.json", dir, pid, qpn);
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    double end = now_s() + DEADLINE_S;
+    for (;;) {
+        char buf[1024] = {0};
+        FILE *f = fopen(path, "r");
+        CHECK(f, "no stats file %s", path);
+        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+        fclose(f);
+        buf[n] = 0;
+        const char *k = strstr(buf, pat);
+        if (k && atoi(k + strlen(pat)) >= at_least) return;
+        CHECK(now_s() < end, "%s stayed below %d for %d s: %s", key, at_least, DEADLINE_S, buf);
+        usleep(1000);
+    }
+}
+
 /* ---------------------------------------------------------------- the two processes */
 
 static int to_child[2], to_parent[2];
@@ -320,23 +343,7 @@ static void rnr_wait_send(struct end *e, const struct caps *p, int in, int out) 
 static void rnr_wait_recv(struct end *e, const struct caps *p, int in, int out) {
     CHECK(await_peer(in) == 's', "send not posted");
     /* the sender's device keeps asking; the stats file shows our device NAKing it */
-    const char *dir = getenv("SOFTVERBS_STATS_DIR");
-    CHECK(dir, "SOFTVERBS_STATS_DIR not set");
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/qp-%d-%u.json", dir, (int)getpid(), e->qp->qp_num);
-    double end = now_s() + DEADLINE_S;
-    for (;;) {
-        char buf[1024] = {0};
-        FILE *f = fopen(path, "r");
-        CHECK(f, "no stats file %s", path);
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *k = strstr(buf, "\"rnr_naks_sent\": ");
-        if (k && atoi(k + 17) >= 2) break;
-        CHECK(now_s() < end, "no RNR NAK sent within %d s: %s", DEADLINE_S, buf);
-        usleep(1000);
-    }
+    wait_counter(getpid(), e->qp->qp_num, "rnr_naks_sent", 2);
     expect_empty(e->rcq, "a RECV completed with none posted");
     signal_peer(out, 'n');
     CHECK(await_peer(in) == 'e', "sender did not check");
@@ -481,23 +488,7 @@ static void late_rtr_send(struct end *e, const struct caps *p, int in, int out) 
 static void late_rtr_recv(struct end *e, const struct caps *p, int in, int out) {
     post_recv(e, 32, 0, SLOT);
     /* stay in INIT until the sender's device has counted a retry */
-    const char *dir = getenv("SOFTVERBS_STATS_DIR");
-    CHECK(dir, "SOFTVERBS_STATS_DIR not set");
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/qp-%d-%u.json", dir, (int)getppid(), p->qpn);
-    double end = now_s() + DEADLINE_S;
-    for (;;) {
-        char buf[1024] = {0};
-        FILE *f = fopen(path, "r");
-        CHECK(f, "no stats file %s", path);
-        size_t n = fread(buf, 1, sizeof(buf) - 1, f);
-        fclose(f);
-        buf[n] = 0;
-        const char *k = strstr(buf, "\"retries\": ");
-        if (k && atoi(k + 11) >= 1) break;
-        CHECK(now_s() < end, "the sender never retried within %d s: %s", DEADLINE_S, buf);
-        usleep(1000);
-    }
+    wait_counter(getppid(), p->qpn, "retries", 1);
     expect_empty(e->rcq, "a RECV completed in INIT");
     struct caps sender = *p;
     to_rts(e, &sender, 7, 14, 7);
