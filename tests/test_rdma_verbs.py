@@ -1,5 +1,6 @@
 """The pyverbs transport: reported unavailable with the real reason where there is no device,
-a fallback to TCP when asked, and a real session where a device exists.
+a fallback to TCP when asked, a real session over real pyverbs QPs on the soft verbs device
+(harness/native/softverbs), and where a hardware device exists, over it.
 
 On a machine with a device (soft-RoCE included) set ``RDMA_TEST_ADDR`` to an address the
 device carries (e.g. the rxe interface's IPv4) to run the session over a real queue pair.
@@ -19,7 +20,8 @@ from harness.peer.client import RefClient
 from harness.peer.server import ReferenceServer
 from harness.peer.server_core import ServerConfig
 from harness.proto import get_dialect
-from harness.transport import verbs
+from harness.transport import rdma_emu, verbs
+from harness.transport.softverbs import read_qp_stats
 from harness.transport.rdma_emu import OLD, SEED000, tcp_socket_pair
 from harness.transport.tcp import TcpTransport
 from harness.transport.verbs import (
@@ -29,6 +31,8 @@ from harness.transport.verbs import (
     verbs_endpoint,
     verbs_listener,
 )
+
+from softverbs_support import pyverbs_session, softverbs_lib_dir
 
 OK, REASON = verbs_available()
 REASON_PREFIXES = ("pyverbs not importable: ", "no RDMA devices: ", "RDMA devices: ")
@@ -353,26 +357,24 @@ def fake_device(monkeypatch):
     assert verbs_available() == (True, "RDMA devices: fake0")
 
 
-@pytest.mark.parametrize("client_cfg, server_cfg", [(OLD, OLD), (SEED000, OLD), (OLD, SEED000),
-                                                    (SEED000, SEED000)])
-def test_queue_pair_code_runs_a_session_on_a_fake_device(fake_device, client_cfg, server_cfg):
-    assert verbs.find_device("127.0.0.1").gid_index == 1  # the GID of the TCP address
-    srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=5,
-                          out=io.StringIO(), err=io.StringIO())
-    with verbs_listener(srv.serve_transport, server_cfg, timeout=5) as lst:
-        ep = connect_verbs("127.0.0.1", lst.port, client_cfg, timeout=5)
-        c = RefClient(ep, "7.0.0")
-        c.hello()
-        assert c.rdma_active and ep.wire.peer_qpn == lst.endpoints[0].qpn
-        _round_trip_three_mib_and_change(c)
-        c.close()
-        lst_ep = lst.endpoints[0]
-    rec = srv.connections[0]
-    assert rec.rdma_active and rec.close_reason is None and not lst.notes
-    assert ep.stats.overruns == 0 and ep.stats.largest_send == client_cfg.chunk
-    assert ep.wire.stats.max_in_flight <= client_cfg.send_slots
-    assert lst_ep.wire.stats.max_landed <= server_cfg.recv_depth
-    assert lst_ep.stats.tcp_hangup_seen  # RDMA has no FIN: the end came through TCP
+@pytest.mark.parametrize("client_cfg, server_cfg", [("OLD", "OLD"), ("SEED000", "OLD"),
+                                                    ("OLD", "SEED000"), ("SEED000", "SEED000")])
+def test_queue_pair_code_runs_a_session_on_the_soft_device(client_cfg, server_cfg, tmp_path):
+    """The reference client and server, each on its own real pyverbs QP of the soft verbs
+    device (in a subprocess: the soft libibverbs is loaded there only)."""
+    out = pyverbs_session(softverbs_lib_dir(), tmp_path, 3 * (1 << 20) + 7, "pair",
+                          client_cfg, server_cfg)
+    ccfg, scfg = getattr(rdma_emu, client_cfg), getattr(rdma_emu, server_cfg)
+    assert out["rdma_active"] and out["device"] == "softverbs0" and out["round_trip_ok"], out
+    assert out["server_rdma_active"] and out["server_close_reason"] is None, out
+    assert not out["notes"], out
+    assert out["overruns"] == 0 and out["largest_send"] == ccfg.chunk, out
+    assert out["max_in_flight"] <= ccfg.send_slots, out
+    assert out["server_max_landed"] <= scfg.recv_depth, out
+    qps = {q.qpn: q for q in read_qp_stats(tmp_path)}
+    client_qp, server_qp = qps[out["qpn"]], qps[out["peer_qpn"]]
+    assert client_qp.dest_qpn == server_qp.qpn and client_qp.errors == server_qp.errors == 0
+    assert client_qp.send_bytes == server_qp.recv_bytes >= 3 * (1 << 20) + 7
 
 
 def test_no_rdma_env_withholds_even_with_a_device(fake_device, monkeypatch):

@@ -14,6 +14,11 @@ caps exchanged in HELLO over the TCP socket exactly as ggml-rpc does (spec 10.1)
 * activation: QP RESET -> INIT, receives posted, -> RTR (peer qpn/psn/gid from its caps,
   path MTU = the port's active MTU) -> RTS (timeout 14, retry 7, rnr_retry 7 = infinite).
 
+Without hardware or a soft-RoCE kernel, the project's own software device does: run the
+process with :func:`harness.transport.softverbs.softverbs_env` (its ``libibverbs.so.1`` first
+in ``LD_LIBRARY_PATH``) and pyverbs sees ``softverbs0`` with ``::ffff:127.0.0.1`` as a RoCE v2
+GID, so everything here runs unchanged on real queue pairs (docs/RDMA.md, section 5).
+
 Where no device exists, :func:`verbs_available` says why (pyverbs import error, or "no RDMA
 devices: ..."), and nothing is skipped silently: :func:`verbs_endpoint` raises
 :class:`RdmaUnavailable` with that reason unless asked to fall back to TCP.
@@ -99,7 +104,8 @@ def import_pyverbs():
 def _sysfs_note() -> str:
     if not SYSFS.is_dir():
         return (f"{SYSFS} does not exist: the kernel has no RDMA core (CONFIG_INFINIBAND) or no "
-                "RDMA link (soft-RoCE: `rdma link add rxe0 type rxe netdev <iface>`)")
+                "RDMA link (soft-RoCE: `rdma link add rxe0 type rxe netdev <iface>`; or run "
+                "under the project's soft device, harness.transport.softverbs)")
     names = sorted(p.name for p in SYSFS.iterdir())
     return f"{SYSFS} lists {', '.join(names) or 'nothing'}"
 
