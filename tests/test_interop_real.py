@@ -71,12 +71,12 @@ def p7():
     return peer
 
 
-def run_session(driver, server, workdir: Path):
-    """Run STEPS through a recording proxy; returns (results, canonical session)."""
+def run_session(driver, server, workdir: Path, steps=STEPS):
+    """Run ``steps`` through a recording proxy; returns (results, canonical session)."""
     proxy = RecordingProxy(("127.0.0.1", server.port)).start()
     try:
         driver.run({"op": "connect", "endpoint": f"127.0.0.1:{proxy.port}"})
-        results = [driver.run(s).result for s in STEPS]
+        results = [driver.run(s).result for s in steps]
         driver.run({"op": "close"})
     finally:
         driver.close()

@@ -17,15 +17,15 @@ from pathlib import Path
 
 import pytest
 
-from harness.capture.canonical import canonical, first_divergence
+from harness.capture.canonical import first_divergence
 from harness.capture.loadprof_log import LoadProfError, of_side, parse_loadprof
-from harness.capture.proxy import RecordingProxy
 from harness.impls.build import CMAKE_FLAGS, find_tool
 from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import (Peer, PeerError, PeerNotFound, downloads_dir, get_peer,
                                     get_pin, probe_hello, verify_peer)
 from harness.impls.supervisor import ServerProcess, start_reference_server
 from harness.proto import HASH_THRESHOLD, SERVER_FLAG_CACHE
+from test_interop_real import run_session
 
 ROOT = Path(__file__).resolve().parents[1]
 PATCH = ROOT / "patches" / "seed000-server-flags.patch"
@@ -124,27 +124,17 @@ def serve(server, tmp: Path, *, cache: bool, env: dict | None = None, knobs: tup
         yield srv
 
 
-def load(client, srv, env: dict | None = None):
+def load(client, srv, tmp: Path, env: dict | None = None):
     """One model-load-shaped session through a recording proxy.
 
     ``client``: a real Peer (its C client library) or "ref" (the reference 7.0.0+flags client).
     Returns (step results, canonical wire, the client's log lines).
     """
-    from harness.impls.real_client import CtypesClientDriver
-    proxy = RecordingProxy(("127.0.0.1", srv.port)).start()
+    from harness.impls.real_client import LOG_LINES, CtypesClientDriver
     driver = RefClientDriver("7.0.0+flags") if client == "ref" else \
         CtypesClientDriver(client.lib_dir, proto="7.0.0", env=env)
-    try:
-        driver.run({"op": "connect", "endpoint": f"127.0.0.1:{proxy.port}"})
-        results = [driver.run(s).result for s in LOAD]
-        driver.run({"op": "close"})
-    finally:
-        driver.close()
-        proxy.wait_quiet()
-        transcripts = proxy.stop()
-    assert len(transcripts) == 1
-    log = list(getattr(driver, "_log", []))
-    return results, canonical(transcripts[0].decode()), log
+    results, wire = run_session(driver, srv, tmp, steps=LOAD)
+    return results, wire, driver.log_tail(LOG_LINES)
 
 
 def loads(client, server, tmp: Path, *, cache: bool, n: int | None = None,
@@ -153,7 +143,7 @@ def loads(client, server, tmp: Path, *, cache: bool, n: int | None = None,
     Returns ([(results, wire, client log)], server log text)."""
     n = n or (2 if cache else 1)
     with serve(server, tmp, cache=cache, env=server_env, knobs=knobs) as srv:
-        runs = [load(client, srv, client_env) for _ in range(n)]
+        runs = [load(client, srv, tmp, client_env) for _ in range(n)]
         return runs, srv.log_text()
 
 
