@@ -55,7 +55,8 @@ def _build_patched(work: Path) -> Peer:
     archive = downloads_dir() / f"{pin.package.replace('-', '_')}-{pin.version}.tar.gz"
     cmake, ninja, git = find_tool("cmake"), find_tool("ninja"), find_tool("git")
     if not archive.is_file():
-        pytest.skip(f"no {archive.name} in the download cache: run `harness peers build {BASE_PIN}`")
+        pytest.skip(f"no {archive.name} in the download cache: "
+                    f"run `harness peers build {BASE_PIN}`")
     if not (cmake and ninja and git):
         pytest.skip("building the patched peer needs cmake, ninja and git")
     with tarfile.open(archive) as tar:
@@ -357,7 +358,8 @@ def test_parse_loadprof_takes_a_prefixed_line():
     (GOOD.replace("side=server", "side=proxy"), "side must be"),
     (GOOD.replace("bytes=9", "bytes"), "not key=value"),
     (GOOD + " bytes=9", "given twice"),
-    ("ggml-rpc-loadprof side=client conn=3 endpoint=h:1 cmd=HELLO count=1 time_s=0.1", "before the summary"),
+    ("ggml-rpc-loadprof side=client conn=3 endpoint=h:1 cmd=HELLO count=1 time_s=0.1",
+     "before the summary"),
 ])
 def test_parse_loadprof_rejects_malformed_records(line, why):
     with pytest.raises(LoadProfError, match=why):
