@@ -1,0 +1,238 @@
+"""The static HTML report of a matrix run (matrix.html), read at a glance.
+
+Per design: a front table in the shape of seed 000's interoperability table (client, server,
+upload span, wall, hashing) with each pairing's outcome; a client x server grid; then every
+cell with its verdict, outcome, who rejected whom and with which message, why it failed or
+was skipped, and its load columns. Glyphs are inline SVG (see glyphs.py) so no missing font
+can turn them into boxes; ``browser.check_report`` verifies that in a real Chromium.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+
+import pandas as pd
+
+from .glyphs import COLOUR, VERDICTS, svg_defs, svg_glyph
+
+SHORT = {"works": "works", "works-degraded": "degraded", "rejected-at-hello": "rejected",
+         "failed": "failed"}
+MIB = 1 << 20
+
+_CSS = ("body{font-family:'DejaVu Sans',sans-serif;margin:2em;color:#111}"
+        "table{border-collapse:collapse;margin-bottom:1.5em}"
+        "td,th{border:1px solid #999;padding:4px 8px;vertical-align:top;font-size:13px}"
+        "th{background:#eee;text-align:left}td.num{text-align:right;white-space:nowrap}"
+        "a{color:inherit}.glyph{vertical-align:-2px;margin-right:4px}"
+        ".legend span{padding:2px 8px;margin-right:6px;white-space:nowrap}"
+        "small{color:#333}.why{max-width:42em}")
+
+
+def text(value) -> str:
+    """A cell's value as text: None and NaN (pandas' missing value) are empty, never "nan"."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    return str(value)
+
+
+def esc(value) -> str:
+    return html.escape(text(value))
+
+
+def outcome_text(r) -> str:
+    """What was observed, with who rejected whom and the message."""
+    observed = text(r.get("observed"))
+    if not observed:
+        return ""
+    if observed == "rejected-at-hello":
+        by = text(r.get("rejected_by")) or "a side"
+        other = "server" if by == "client" else "client"
+        who = {"client": r.get("client"), "server": r.get("server")}
+        line = f"rejected at HELLO: {by} {text(who.get(by))} rejected {other} {text(who.get(other))}"
+        message = text(r.get("message"))
+        return line + (f": {message}" if message else "")
+    if observed == "works-degraded":
+        degraded = r.get("degraded")
+        return "works, degraded: " + ", ".join(degraded or [])
+    return observed
+
+
+def why_text(r) -> str:
+    """The verdict's reason where it says more than the outcome: skip, fail, error."""
+    return "" if r.get("verdict") == "pass" else text(r.get("reason"))
+
+
+def _load(r) -> dict:
+    load = r.get("load")
+    return load if isinstance(load, dict) else {}
+
+
+def _secs(value) -> str:
+    return f"{value:.2f} s" if isinstance(value, (int, float)) and value else "-"
+
+
+def _mib(value) -> str:
+    return f"{value / MIB:.1f}" if isinstance(value, (int, float)) and value else "-"
+
+
+def _cell(verdict: str, body: str, title: str = "", href: str = "") -> str:
+    inner = f"{svg_glyph(verdict)}{body}"
+    if href:
+        inner = f"<a href='{html.escape(href)}/'>{inner}</a>"
+    tip = f" title='{html.escape(title)}'" if title else ""
+    return f"<td style='background:{COLOUR.get(verdict, '#fff')}'{tip}>{inner}</td>"
+
+
+def worst(verdicts) -> str:
+    """The verdict a group of cells is shown with: the most serious one present."""
+    present = set(verdicts)
+    for v in ("crash", "hang", "error", "fail", "pass", "skip"):
+        if v in present:
+            return v
+    return "skip"
+
+
+def front_table(d: pd.DataFrame) -> list[str]:
+    """Seed 000's table: one row per pairing, with the upload of its largest-uploading cell."""
+    out = ["<table class='front'><tr><th>client</th><th>server</th><th>outcome</th>"
+           "<th>upload span</th><th>wall</th><th>hashing</th><th>uploaded MiB</th>"
+           "<th>from cell</th></tr>"]
+    for pair, g in d.groupby("pair", sort=False):
+        r0 = g.iloc[0]
+        counts = g["verdict"].value_counts()
+        summary = ", ".join(f"{v} {counts[v]}" for v in VERDICTS if v in counts)
+        uploads = [(_load(r).get("set_tensor_bytes", 0), i) for i, r in g.iterrows()]
+        biggest = max(uploads, default=(0, None))
+        client = f"{esc(r0['client_role'])}: {esc(r0['client'])}"
+        server = f"{esc(r0['server_role'])}: {esc(r0['server'])}"
+        if biggest[0]:
+            r = g.loc[biggest[1]]
+            load = _load(r)
+            nums = (f"<td class='num'>{_secs(load.get('upload_span'))}</td>"
+                    f"<td class='num'>{_secs(r.get('duration'))}</td>"
+                    f"<td class='num'>{_secs(load.get('hashing_seconds'))}</td>"
+                    f"<td class='num'>{_mib(load.get('set_tensor_bytes'))}</td>"
+                    f"<td>{esc(r['scenario'])}{' +cache' if r.get('cache') else ''}</td>")
+        else:
+            nums = "<td class='num'>-</td>" * 4 + "<td>no upload</td>"
+        out.append(f"<tr><td>{client}</td><td>{server}</td>"
+                   + _cell(worst(g["verdict"]), html.escape(summary)) + nums + "</tr>")
+    out.append("</table>")
+    return out
+
+
+def grid(d: pd.DataFrame) -> list[str]:
+    """Rows: clients, columns: servers; each cell its worst verdict and the outcomes."""
+    servers = list(dict.fromkeys(d["server_label"]))
+    out = ["<table class='grid'><tr><th>client \\ server</th>"
+           + "".join(f"<th>{esc(s)}</th>" for s in servers) + "</tr>"]
+    for client, dr in d.groupby("client_label", sort=False):
+        out.append(f"<tr><th>{esc(client)}</th>")
+        for s in servers:
+            g = dr[dr["server_label"] == s]
+            if not len(g):
+                out.append("<td></td>")
+                continue
+            seen = g[g["verdict"] != "skip"]["observed"].map(text).value_counts()
+            body = ", ".join(f"{SHORT.get(o, o)}×{n}" for o, n in seen.items() if o) or "skipped"
+            out.append(_cell(worst(g["verdict"]), html.escape(body)))
+        out.append("</tr>")
+    out.append("</table>")
+    return out
+
+
+def cell_table(d: pd.DataFrame) -> list[str]:
+    """Every cell: verdict, outcome (who rejected whom), why, and the load columns."""
+    out = ["<table class='cells'><tr><th>scenario</th><th>cache</th><th>transport</th>"
+           "<th>client → server</th><th>verdict</th><th>outcome</th><th>why</th>"
+           "<th>SET_TENSOR MiB</th><th>hashed MiB</th><th>hash hits</th><th>upload span</th>"
+           "<th>wire</th><th>hashing</th><th>gaps</th><th>wall</th></tr>"]
+    for _, r in d.iterrows():
+        load = _load(r)
+        verdict = text(r.get("verdict")) or "error"
+        out.append(
+            f"<tr><td>{esc(r['scenario'])}</td><td>{'on' if r.get('cache') else 'off'}</td>"
+            f"<td>{esc(r.get('transport') or 'tcp')}</td>"
+            f"<td>{esc(r['client'])} → {esc(r['server'])}<br><small>{esc(r['pair'])}</small></td>"
+            + _cell(verdict, html.escape(verdict), f"expected {text(r.get('expected'))}",
+                    text(r.get("folder")))
+            + f"<td>{esc(outcome_text(r))}</td><td class='why'>{esc(why_text(r))}</td>"
+            f"<td class='num'>{_mib(load.get('set_tensor_bytes'))}</td>"
+            f"<td class='num'>{_mib(load.get('bytes_hashed'))}</td>"
+            f"<td class='num'>{load.get('hash_hits') or '-'}</td>"
+            f"<td class='num'>{_secs(load.get('upload_span'))}</td>"
+            f"<td class='num'>{_secs(load.get('wire_seconds'))}</td>"
+            f"<td class='num'>{_secs(load.get('hashing_seconds'))}</td>"
+            f"<td class='num'>{_secs(load.get('gap_seconds'))}</td>"
+            f"<td class='num'>{_secs(r.get('duration'))}</td></tr>")
+    out.append("</table>")
+    return out
+
+
+def releases_table(d: pd.DataFrame) -> list[str]:
+    peers = list(dict.fromkeys(d["server"]))
+    out = ["<p>Rows: client build, columns: server build; observed (predicted by the version "
+           "rule).</p><table><tr><th>client \\ server</th>"
+           + "".join(f"<th>{esc(p)}</th>" for p in peers) + "</tr>"]
+    for client, dr in d.groupby("client", sort=False):
+        out.append(f"<tr><th>{esc(client)} ({esc(dr['client_dialect'].iloc[0])})</th>")
+        for p in peers:
+            r = dr[dr["server"] == p]
+            if not len(r):
+                out.append("<td></td>")
+                continue
+            r = r.iloc[0]
+            observed = SHORT.get(text(r["observed"]), text(r["observed"]) or "-")
+            expected = SHORT.get(text(r["expected_outcome"]), text(r["expected_outcome"]))
+            out.append(_cell(r["verdict"], html.escape(f"{observed} ({expected})"),
+                             why_text(r), text(r.get("folder"))))
+        out.append("</tr>")
+    out.append("</table>")
+    return out
+
+
+def skipped_list(df: pd.DataFrame) -> list[str]:
+    skipped = df[df["verdict"] == "skip"]
+    if not len(skipped):
+        return []
+    out = ["<h2>Skipped</h2><ul class='skipped'>"]
+    for reason, g in skipped.groupby(skipped["reason"].map(text)):
+        out.append(f"<li>{svg_glyph('skip')}{len(g)} cell(s): "
+                   f"{html.escape(reason or 'no reason recorded')}</li>")
+    out.append("</ul>")
+    return out
+
+
+def diffs_table(diffs: list[dict]) -> list[str]:
+    out = ["<h2>Differential transcripts</h2><p>Each cell against the new-client/new-server "
+           "cell of the same design, scenario and cache setting (pointers renamed, timing "
+           "dropped): the first diverging field and the commands only one side sent. "
+           "Reproduce with <code>harness diff A B</code>.</p><table><tr><th>design</th>"
+           "<th>scenario</th><th>cache</th><th>cell</th><th>difference</th></tr>"]
+    for d in diffs:
+        out.append(f"<tr><td>{esc(d['design'])}</td><td>{esc(d['scenario'])}</td>"
+                   f"<td>{'on' if d['cache'] else 'off'}</td><td><a href='{esc(d['a'])}/'>"
+                   f"{esc(d['cell'])}</a></td><td><pre>{esc(d['summary'])}</pre></td></tr>")
+    out.append("</table>")
+    return out
+
+
+def render(df: pd.DataFrame, title: str, diffs: list[dict] | None = None) -> str:
+    counts = df["verdict"].value_counts()
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
+             f"<style>{_CSS}</style></head><body>{svg_defs()}<h1>{esc(title)}</h1>",
+             "<p class='legend'>"
+             + "".join(f"<span style='background:{COLOUR[v]}'>{svg_glyph(v)}{v} "
+                       f"{counts.get(v, 0)}</span>" for v in VERDICTS) + "</p>"]
+    for design, d in df.groupby("design", sort=False):
+        parts.append(f"<h2>{esc(design)}</h2>")
+        if design == "releases":
+            parts += releases_table(d)
+            continue
+        parts += front_table(d) + grid(d) + cell_table(d)
+    parts += skipped_list(df)
+    if diffs:
+        parts += diffs_table(diffs)
+    parts.append("</body></html>")
+    return "".join(parts)
