@@ -94,8 +94,9 @@ def _load_matrix(path: Path):
 
 
 def _finish(df, run_dir: Path) -> None:
-    console.print((run_dir / "matrix.md").read_text(), highlight=False, markup=False)
-    console.print(f"reports: {run_dir}", highlight=False)
+    from .report.terminal import print_summary
+
+    print_summary(console, df, run_dir)
 
 
 @app.command("list")
