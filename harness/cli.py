@@ -316,8 +316,8 @@ def _home_short(path: str) -> str:
 def print_peer_table(rows: list[dict], cache: Path) -> None:
     """The peer table, readable at 80 columns: pins by their cache entry's name (its full
     path is in the caption), user builds by their home-relative bin dir, and the reason
-    where a peer is not built."""
-    t = Table("name", "proto", "built", "verified", "cache entry / bin dir / reason",
+    where a peer is not built. The proto column says whether the build was verified."""
+    t = Table("name", "release", "proto", "built", "cache entry / reason",
               caption=f"entries in {_home_short(str(cache))}; full paths: --paths",
               caption_justify="left")
     for r in rows:
@@ -327,8 +327,10 @@ def print_peer_table(rows: list[dict], cache: Path) -> None:
             where = Path(r["bin_dir"]).parent.name
         else:
             where = _home_short(r["bin_dir"] or "")
-        t.add_row(r["name"], r["proto"] or "?", _yn(r["available"]), r["verified_proto"] or "-",
-                  where)
+        proto, seen = r["proto"] or "?", r["verified_proto"]
+        if r["available"] and seen != r["proto"]:
+            proto += f" (seen {seen})" if seen else " (unverified)"
+        t.add_row(r["name"], r["pin"] or r["kind"], proto, _yn(r["available"]), where)
     console.print(t)
 
 

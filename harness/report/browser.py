@@ -108,11 +108,16 @@ def render(html_path: Path, screenshot: Path, width: int = WIDTH) -> Rendered:
 
 
 def ink_mask(region: np.ndarray) -> np.ndarray:
-    """Pixels that differ clearly from the region's background (its most common colour)."""
+    """Pixels that differ clearly from the region's background (its most common colour).
+    Rows and columns inked from edge to edge are a neighbouring background or border the
+    region caught, not part of a glyph: they are cleared."""
     flat = region.reshape(-1, 3)
     colours, counts = np.unique(flat, axis=0, return_counts=True)
     background = colours[counts.argmax()].astype(int)
-    return np.abs(region.astype(int) - background).sum(axis=2) > 90
+    mask = np.abs(region.astype(int) - background).sum(axis=2) > 90
+    mask[mask.all(axis=1), :] = False
+    mask[:, mask.all(axis=0)] = False
+    return mask
 
 
 def looks_like_box(mask: np.ndarray) -> bool:
