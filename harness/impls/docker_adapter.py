@@ -378,10 +378,16 @@ class DockerClientDriver(CtypesClientDriver):
             raise DockerUnavailable("no docker CLI on PATH (Debian's docker.io provides it)")
         self._wrapper_dir = Path(tempfile.mkdtemp(prefix="ggml-rpc-docker-client-"))
         wrapper = self._wrapper_dir / "python"
+        # numba's compiled FNV kernel is cached beside its source, which is mounted
+        # read-only: without a writable cache each agent would compile it again (seconds)
+        from .registry import cache_root
+        jit_cache = cache_root() / "numba-docker"
+        jit_cache.mkdir(parents=True, exist_ok=True)
         run = [cli, "run", "--rm", "-i", "--init", "--network", "host", "--name",
                self.container_name, "--label", f"{LABEL}=client",
                *(a for env in ("GGML_NO_BACKTRACE", "PYTHONUNBUFFERED", "PYTHONPATH")
                  for a in ("-e", env)),
+               "-e", f"NUMBA_CACHE_DIR={jit_cache}", "-v", f"{jit_cache}:{jit_cache}",
                *(a for m in _agent_mounts() for a in ("-v", m)),
                image, sys.executable]
         # CtypesClientDriver runs `<python> -u -m agent ...`: this python runs it in the image

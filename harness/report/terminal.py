@@ -15,6 +15,10 @@ from .glyphs import INK, SYMBOL, VERDICTS
 from .html_report import SHORT, outcome_text, text, worst, why_text
 
 
+TERSE = {"works": "works", "works-degraded": "degr", "rejected-at-hello": "rej",
+         "failed": "fail"}  # the releases grid has a column per build
+
+
 def _short_role(label: str) -> str:
     """"old client: llama-7" -> "old: llama-7" (the grid's axes already say client/server)."""
     return label.replace(" client:", ":").replace(" server:", ":")
@@ -49,9 +53,9 @@ def design_grid(design: str, d: pd.DataFrame) -> Table:
 
 def releases_grid(d: pd.DataFrame) -> Table:
     peers = list(dict.fromkeys(d["server"]))
-    t = Table(title="releases (observed, ✔ = as the version rule predicts)", title_justify="left",
-              pad_edge=False)
-    t.add_column("client \\ server", no_wrap=True)
+    t = Table(title="releases: rows client, columns server build (✔ = as the version rule "
+                    "predicts; rej = rejected at HELLO)", title_justify="left", pad_edge=False)
+    t.add_column("", no_wrap=True)
     for p in peers:
         t.add_column(p, no_wrap=True)
     for client, dr in d.groupby("client", sort=False):
@@ -63,7 +67,7 @@ def releases_grid(d: pd.DataFrame) -> Table:
                 continue
             r = r.iloc[0]
             v = r["verdict"]
-            row.append(Text(f"{SYMBOL[v]} {SHORT.get(text(r['observed']), '-')}",
+            row.append(Text(f"{SYMBOL[v]} {TERSE.get(text(r['observed']), '-')}",
                             style=INK[v] if v != "pass" else ""))
         t.add_row(client, *row)
     return t
