@@ -20,7 +20,6 @@ import shlex
 import shutil
 import sys
 import tempfile
-import time
 import uuid
 import weakref
 from pathlib import Path
@@ -29,16 +28,14 @@ import psutil
 
 from .driver import ExitInfo
 from .real_client import CtypesClientDriver
-from .supervisor import (BANNER_RE, BIND_FAILED_TEXT, ServerStartError, _merge_tail,
-                         _socket_inodes_of, exit_info_from, free_port, listening_inodes)
+from .supervisor import (BANNER_RE, BIND_FAILED_TEXT, ServerProcess, ServerStartError,
+                         _socket_inodes_of, exit_info_from, listening_inodes, start_retrying)
 
 LABEL = "ggml-rpc-harness"
 REQUIRE_ENV = "GGML_RPC_HARNESS_REQUIRE_DOCKER"
 # The SDK negotiates the engine's API version (Debian's engine 20.10 speaks 1.41; the CLI and
 # SDK are newer). DOCKER_API_VERSION pins it where negotiation is not wanted.
 API_VERSION_ENV = "DOCKER_API_VERSION"
-_POLL_INTERVAL = 0.05
-_BIND_RETRIES = 3
 
 
 class DockerUnavailable(ServerStartError):
@@ -126,34 +123,16 @@ class DockerServer:
         ``cache_dir`` the dir is mounted at the same path, LLAMA_CACHE points at it and
         ``-c`` is appended, as for a local server. Raises ServerStartError with the
         container's log when it does not come up."""
-        client = engine_client(engine_timeout)
-        owns_workdir = workdir is None
-        workdir = Path(tempfile.mkdtemp(prefix="ggml-rpc-docker-") if workdir is None else workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        attempts = _BIND_RETRIES if port is None else 1
-        try:
-            for attempt in range(attempts):
-                chosen = free_port(host) if port is None else port
-                server = cls._launch(client, image, command, name=name, host=host, port=chosen,
-                                     workdir=workdir, cache_dir=cache_dir, env=env)
-                try:
-                    server._wait_ready(ready_timeout)
-                    server._owns_workdir = owns_workdir
-                    return server
-                except ServerStartError as e:
-                    server.stop()
-                    lost = any(BIND_FAILED_TEXT in line for line in e.log_tail)
-                    if not (lost and attempt + 1 < attempts):
-                        raise
-        except BaseException:
-            client.close()
-            if owns_workdir:
-                shutil.rmtree(workdir, ignore_errors=True)
-            raise
-        raise AssertionError("unreachable")
+        return start_retrying(
+            lambda p, wd: cls._launch(image, command, name=name, host=host, port=p, workdir=wd,
+                                      cache_dir=cache_dir, env=env,
+                                      engine_timeout=engine_timeout),
+            host=host, port=port, workdir=workdir, ready_timeout=ready_timeout,
+            prefix="ggml-rpc-docker-")
 
     @classmethod
-    def _launch(cls, client, image, command, *, name, host, port, workdir, cache_dir, env):
+    def _launch(cls, image, command, *, name, host, port, workdir, cache_dir, env,
+                engine_timeout):
         import docker.errors
 
         from .docker_image import server_argv
@@ -168,6 +147,7 @@ class DockerServer:
             environment["LLAMA_CACHE"] = cache_dir
             argv.append("-c")
         cname = f"ggml-rpc-{name}-{port}-{uuid.uuid4().hex[:8]}".replace("/", "_")
+        client = engine_client(engine_timeout)  # the server's own; closed at its stop
         try:
             # create + start, never containers.run: run() pulls from a registry when the
             # image is missing, and leaves the container behind when start fails
@@ -175,9 +155,11 @@ class DockerServer:
                 image, argv, name=cname, network_mode="host", init=True,
                 environment=environment, volumes=volumes, labels={LABEL: "server"})
         except docker.errors.ImageNotFound:
+            client.close()
             raise ServerStartError(f"{name}: image {image} not in the engine (build it with "
                                    "`harness peers image PIN`)") from None
         except docker.errors.APIError as e:
+            client.close()
             raise ServerStartError(f"{name}: engine refused to create the container: "
                                    f"{e.explanation or e}") from None
         server = cls(client, container, name=name, host=host, port=port, workdir=workdir,
@@ -190,26 +172,9 @@ class DockerServer:
                                    exit_info=info, log_tail=info.log_tail) from None
         return server
 
-    def _wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            out, err = self._logs()
-            if any(BIND_FAILED_TEXT in line for line in out + err):
-                raise ServerStartError(f"{self.name}: could not bind {self.host}:{self._port}",
-                                       log_tail=_merge_tail(out, err, 30))
-            info = self.poll()
-            if info is not None:
-                raise ServerStartError(
-                    f"{self.name}: container exited before listening (rc={info.returncode}, "
-                    f"signal={info.signal}) {info.message}", exit_info=info,
-                    log_tail=info.log_tail)
-            if self._is_listening():
-                return
-            if time.monotonic() > deadline:
-                raise ServerStartError(
-                    f"{self.name}: not listening on {self.host}:{self._port} after {timeout:g} s",
-                    log_tail=_merge_tail(out, err, 30))
-            time.sleep(_POLL_INTERVAL)
+    # ServerProcess's readiness loop, as is: it only asks for _logs, poll, _is_listening,
+    # name, host and _port, which a container answers the same way (so do the log views)
+    _wait_ready = ServerProcess._wait_ready
 
     def _processes(self) -> list[psutil.Process]:
         """The container's processes as the host sees them: the init, then the server."""
@@ -269,13 +234,9 @@ class DockerServer:
         return (out.decode("utf-8", "replace").splitlines(),
                 err.decode("utf-8", "replace").splitlines())
 
-    def log_tail(self, n: int = 20) -> list[str]:
-        out, err = self._logs()
-        return _merge_tail(out, err, n)
-
-    def log_text(self) -> str:
-        out, err = self._logs()
-        return "\n".join(out + err)
+    # as ServerProcess's, over the container's two streams
+    log_tail = ServerProcess.log_tail
+    log_text = ServerProcess.log_text
 
     def poll(self) -> ExitInfo | None:
         """None while running; how it ended otherwise."""

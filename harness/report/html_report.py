@@ -140,24 +140,35 @@ def front_table(d: pd.DataFrame) -> list[str]:
     return out
 
 
-def grid(d: pd.DataFrame) -> list[str]:
-    """Rows: clients, columns: servers; each cell its worst verdict and the outcomes."""
-    servers = list(dict.fromkeys(d["server_label"]))
-    out = ["<table class='grid'><tr><th>client \\ server</th>"
-           + "".join(f"<th>{esc(s)}</th>" for s in servers) + "</tr>"]
-    for client, dr in d.groupby("client_label", sort=False):
-        out.append(f"<tr><th>{esc(client)}</th>")
-        for s in servers:
-            g = dr[dr["server_label"] == s]
-            if not len(g):
-                out.append("<td></td>")
-                continue
-            seen = g[g["verdict"] != "skip"]["observed"].map(text).value_counts()
-            body = ", ".join(f"{SHORT.get(o, o)}×{n}" for o, n in seen.items() if o) or "skipped"
-            out.append(_cell(worst(g["verdict"]), html.escape(body)))
-        out.append("</tr>")
+def pivot(d: pd.DataFrame, row_key: str, col_key: str):
+    """Columns (first-seen order) and, per row value, its rows and its cells' rows per column
+    (None where that pairing has no cell): the shape of every client x server grid."""
+    cols = list(dict.fromkeys(d[col_key]))
+    rows = []
+    for value, dr in d.groupby(row_key, sort=False):
+        rows.append((value, dr, [dr[dr[col_key] == c] if (dr[col_key] == c).any() else None
+                                 for c in cols]))
+    return cols, rows
+
+
+def _html_grid(d: pd.DataFrame, row_key: str, col_key: str, row_head, cell, intro="") -> list[str]:
+    cols, rows = pivot(d, row_key, col_key)
+    out = [f"{intro}<table class='grid'><tr><th>client \\ server</th>"
+           + "".join(f"<th>{esc(c)}</th>" for c in cols) + "</tr>"]
+    for value, dr, groups in rows:
+        out.append(f"<tr><th>{esc(row_head(value, dr))}</th>"
+                   + "".join("<td></td>" if g is None else cell(g) for g in groups) + "</tr>")
     out.append("</table>")
     return out
+
+
+def grid(d: pd.DataFrame) -> list[str]:
+    """Rows: clients, columns: servers; each cell its worst verdict and the outcomes."""
+    def cell(g):
+        seen = g[g["verdict"] != "skip"]["observed"].map(text).value_counts()
+        body = ", ".join(f"{SHORT.get(o, o)}×{n}" for o, n in seen.items() if o) or "skipped"
+        return _cell(worst(g["verdict"]), html.escape(body))
+    return _html_grid(d, "client_label", "server_label", lambda v, _: v, cell)
 
 
 def cell_table(d: pd.DataFrame) -> list[str]:
@@ -190,25 +201,16 @@ def cell_table(d: pd.DataFrame) -> list[str]:
 
 
 def releases_table(d: pd.DataFrame) -> list[str]:
-    peers = list(dict.fromkeys(d["server"]))
-    out = ["<p>Rows: client build, columns: server build; observed (predicted by the version "
-           "rule).</p><table><tr><th>client \\ server</th>"
-           + "".join(f"<th>{esc(p)}</th>" for p in peers) + "</tr>"]
-    for client, dr in d.groupby("client", sort=False):
-        out.append(f"<tr><th>{esc(client)} ({esc(dr['client_dialect'].iloc[0])})</th>")
-        for p in peers:
-            r = dr[dr["server"] == p]
-            if not len(r):
-                out.append("<td></td>")
-                continue
-            r = r.iloc[0]
-            observed = SHORT.get(text(r["observed"]), text(r["observed"]) or "-")
-            expected = SHORT.get(text(r["expected_outcome"]), text(r["expected_outcome"]))
-            out.append(_cell(r["verdict"], html.escape(f"{observed} ({expected})"),
-                             why_text(r), text(r.get("folder"))))
-        out.append("</tr>")
-    out.append("</table>")
-    return out
+    def cell(g):
+        r = g.iloc[0]
+        observed = SHORT.get(text(r["observed"]), text(r["observed"]) or "-")
+        expected = SHORT.get(text(r["expected_outcome"]), text(r["expected_outcome"]))
+        return _cell(r["verdict"], html.escape(f"{observed} ({expected})"), why_text(r),
+                     text(r.get("folder")))
+    return _html_grid(d, "client", "server",
+                      lambda v, dr: f"{v} ({text(dr['client_dialect'].iloc[0])})", cell,
+                      "<p>Rows: client build, columns: server build; observed (predicted by "
+                      "the version rule).</p>")
 
 
 def skipped_list(df: pd.DataFrame) -> list[str]:

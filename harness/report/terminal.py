@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from .glyphs import INK, SYMBOL, VERDICTS
-from .html_report import SHORT, outcome_text, text, worst, why_text
+from .html_report import SHORT, outcome_text, pivot, text, worst, why_text
 
 
 TERSE = {"works": "works", "works-degraded": "degr", "rejected-at-hello": "rej",
@@ -38,39 +38,32 @@ def cell_summary(g: pd.DataFrame) -> Text:
     return out
 
 
-def design_grid(design: str, d: pd.DataFrame) -> Table:
-    servers = list(dict.fromkeys(d["server_label"]))
-    t = Table(title=f"{design}", title_justify="left", show_lines=False, pad_edge=False)
-    t.add_column("client \\ server", no_wrap=True)
-    for s in servers:
-        t.add_column(_short_role(s), overflow="fold")
-    for client, dr in d.groupby("client_label", sort=False):
-        cells = [cell_summary(dr[dr["server_label"] == s]) if (dr["server_label"] == s).any()
-                 else Text("") for s in servers]
-        t.add_row(_short_role(client), *cells)
+def _rich_grid(d: pd.DataFrame, row_key: str, col_key: str, title: str, head, cell,
+               **column) -> Table:
+    cols, rows = pivot(d, row_key, col_key)
+    t = Table(title=title, title_justify="left", pad_edge=False)
+    t.add_column(head, no_wrap=True)
+    for c in cols:
+        t.add_column(_short_role(c), **column)
+    for value, _, groups in rows:
+        t.add_row(_short_role(value), *(Text("") if g is None else cell(g) for g in groups))
     return t
+
+
+def design_grid(design: str, d: pd.DataFrame) -> Table:
+    return _rich_grid(d, "client_label", "server_label", design, "client \\ server",
+                      cell_summary, overflow="fold")
 
 
 def releases_grid(d: pd.DataFrame) -> Table:
-    peers = list(dict.fromkeys(d["server"]))
-    t = Table(title="releases: rows client, columns server build (✔ = as the version rule "
-                    "predicts; rej = rejected at HELLO)", title_justify="left", pad_edge=False)
-    t.add_column("", no_wrap=True)
-    for p in peers:
-        t.add_column(p, no_wrap=True)
-    for client, dr in d.groupby("client", sort=False):
-        row = []
-        for p in peers:
-            r = dr[dr["server"] == p]
-            if not len(r):
-                row.append(Text(""))
-                continue
-            r = r.iloc[0]
-            v = r["verdict"]
-            row.append(Text(f"{SYMBOL[v]} {TERSE.get(text(r['observed']), '-')}",
-                            style=INK[v] if v != "pass" else ""))
-        t.add_row(client, *row)
-    return t
+    def cell(g):
+        r = g.iloc[0]
+        v = r["verdict"]
+        return Text(f"{SYMBOL[v]} {TERSE.get(text(r['observed']), '-')}",
+                    style=INK[v] if v != "pass" else "")
+    return _rich_grid(d, "client", "server", "releases: rows client, columns server build "
+                      "(✔ = as the version rule predicts; rej = rejected at HELLO)", "", cell,
+                      no_wrap=True)
 
 
 def print_summary(console: Console, df: pd.DataFrame, run_dir: Path) -> None:
