@@ -8,8 +8,9 @@
 #                                    (default: $GGML_RPC_DOCKERD_DIR)
 #
 # The engine has no bridge and no iptables rules: containers run with --network host and
-# their servers bind 127.0.0.1, so every byte stays on loopback. Its data root, exec root
-# and socket all live in DIR, so it never touches a system engine.
+# their servers bind 127.0.0.1, so every byte stays on loopback. Its data root lives in DIR,
+# its exec root and socket in a short-named dir beside it (DIR/sock_dir names it), so it
+# never touches a system engine.
 set -euo pipefail
 
 READY_TIMEOUT=${GGML_RPC_DOCKERD_TIMEOUT:-60}
@@ -26,19 +27,22 @@ install_engine() {
 
 start() {
     install_engine
-    local dir
+    local dir sock_dir
     dir=$(mktemp -d "${TMPDIR:-/tmp}/ggml-rpc-dockerd.XXXXXX")
-    # a short exec root: containerd's socket paths must stay under 108 bytes
+    # the sockets (the engine's, containerd's under the exec root) need a short path: a unix
+    # socket's path must fit in about 104 bytes, which a deep TMPDIR does not
+    sock_dir=$(mktemp -d /tmp/grd.XXXXXX)
+    echo "$sock_dir" >"$dir/sock_dir"
     dockerd --bridge=none --iptables=false --ip6tables=false \
-        --data-root "$dir/data" --exec-root "$dir/exec" --pidfile "$dir/dockerd.pid" \
-        -H "unix://$dir/docker.sock" </dev/null >"$dir/dockerd.log" 2>&1 &
+        --data-root "$dir/data" --exec-root "$sock_dir/x" --pidfile "$dir/dockerd.pid" \
+        -H "unix://$sock_dir/docker.sock" </dev/null >"$dir/dockerd.log" 2>&1 &
     local pid=$!
     echo "$pid" >"$dir/pid"
     local waited=0
-    until DOCKER_HOST="unix://$dir/docker.sock" docker version >/dev/null 2>&1; do
+    until DOCKER_HOST="unix://$sock_dir/docker.sock" docker version >/dev/null 2>&1; do
         if ! kill -0 "$pid" 2>/dev/null; then
             tail -n 20 "$dir/dockerd.log" >&2
-            rm -rf "$dir"
+            rm -rf "$dir" "$sock_dir"
             die "dockerd exited during start-up (log above)"
         fi
         if [ "$waited" -ge "$((READY_TIMEOUT * 5))" ]; then
@@ -49,7 +53,7 @@ start() {
         sleep 0.2
         waited=$((waited + 1))
     done
-    echo "export DOCKER_HOST=unix://$dir/docker.sock"
+    echo "export DOCKER_HOST=unix://$sock_dir/docker.sock"
     echo "export GGML_RPC_DOCKERD_DIR=$dir"
 }
 
@@ -57,28 +61,29 @@ stop() {
     local dir=${1:-${GGML_RPC_DOCKERD_DIR:-}}
     [ -n "$dir" ] || die "stop: no engine dir (argument or GGML_RPC_DOCKERD_DIR)"
     [ -f "$dir/pid" ] || die "stop: $dir is not an engine dir started by this script"
-    local pid
+    local pid sock_dir
     pid=$(cat "$dir/pid")
+    sock_dir=$(cat "$dir/sock_dir")
     if kill -0 "$pid" 2>/dev/null; then
         # our containers first (the engine would leave them in its data root otherwise)
         local ids
-        ids=$(DOCKER_HOST="unix://$dir/docker.sock" docker ps -aq 2>/dev/null || true)
-        [ -z "$ids" ] || DOCKER_HOST="unix://$dir/docker.sock" docker rm -f $ids >/dev/null 2>&1 || true
+        ids=$(DOCKER_HOST="unix://$sock_dir/docker.sock" docker ps -aq 2>/dev/null || true)
+        [ -z "$ids" ] || DOCKER_HOST="unix://$sock_dir/docker.sock" docker rm -f $ids >/dev/null 2>&1 || true
         kill -TERM "$pid"
         local i
         for i in $(seq 1 100); do
             kill -0 "$pid" 2>/dev/null || break
             sleep 0.1
         done
-        kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid"; fi
         # dockerd is our child only in the start shell; elsewhere wait on its disappearance
         wait "$pid" 2>/dev/null || true
     fi
     # overlay mounts under the data root must go before the tree can be removed
-    grep -o " $dir/[^ ]*" /proc/mounts 2>/dev/null | sort -r | while read -r m; do
+    { grep -oE " ($dir|$sock_dir)/[^ ]*" /proc/mounts || true; } | sort -r | while read -r m; do
         umount -l "$m" 2>/dev/null || true
     done
-    rm -rf "$dir"
+    rm -rf "$dir" "$sock_dir"
 }
 
 case "${1:-}" in

@@ -220,3 +220,37 @@ def test_fuzz_target_docker_pin_starts_a_container(tmp_path):
     finally:
         target.stop()
     assert not _our_containers()
+
+
+@pytest.mark.slow
+def test_dockerd_script_starts_a_private_engine_and_stops_it_by_pid(tmp_path):
+    """.ci/dockerd.sh, as CI and a developer use it: its own socket and dirs, stopped by pid."""
+    import os
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / ".ci" / "dockerd.sh"
+    if shutil.which("dockerd") is None or os.geteuid() != 0:
+        if docker_required():
+            pytest.fail(f"{REQUIRE_ENV} is set but dockerd is missing or we are not root")
+        pytest.skip("needs dockerd (Debian's docker.io) and root")
+    env = dict(os.environ, TMPDIR=str(tmp_path))
+    out = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True,
+                         timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
+    exports = dict(line.removeprefix("export ").split("=", 1) for line in out.stdout.splitlines())
+    engine_dir = Path(exports["GGML_RPC_DOCKERD_DIR"])
+    pid = int((engine_dir / "pid").read_text())
+    try:
+        import docker
+        client = docker.from_env(environment={"DOCKER_HOST": exports["DOCKER_HOST"]}, timeout=10)
+        info = client.info()
+        client.close()
+        assert info["DockerRootDir"] == str(engine_dir / "data")
+    finally:
+        stop = subprocess.run(["bash", str(script), "stop", str(engine_dir)], capture_output=True,
+                              text=True, timeout=120)
+    assert stop.returncode == 0, stop.stderr
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not engine_dir.exists()
