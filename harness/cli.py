@@ -94,8 +94,9 @@ def _load_matrix(path: Path):
 
 
 def _finish(df, run_dir: Path) -> None:
-    console.print((run_dir / "matrix.md").read_text(), highlight=False, markup=False)
-    console.print(f"reports: {run_dir}", highlight=False)
+    from .report.terminal import print_summary
+
+    print_summary(console, df, run_dir)
 
 
 @app.command("list")
@@ -287,22 +288,70 @@ app.add_typer(peers_app, name="peers")
 
 @peers_app.command("list")
 def peers_list(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+               paths: bool = typer.Option(False, "--paths",
+                                          help="One line per built peer: name and full bin dir."),
                verify: bool = typer.Option(False, "--verify",
                                            help="Start each built peer and check banner + HELLO.")):
     """List the pinned and user-registered peers and whether they are built."""
     import json
 
-    from .impls.registry import list_peers, peer_summary
+    from .impls.registry import list_peers, peer_summary, peers_dir
 
     rows = [peer_summary(p) for p in list_peers(verify=verify)]
     if as_json:
         print(json.dumps(rows, indent=2))
         return
-    t = Table("name", "pin", "proto", "built", "verified", "bin dir / reason")
+    if paths:
+        for r in rows:
+            print(f"{r['name']}\t{r['bin_dir'] if r['available'] else '-'}")
+        return
+    print_peer_table(rows, peers_dir())
+
+
+def _home_short(path: str) -> str:
+    home = str(Path.home())
+    return "~" + path[len(home):] if path == home or path.startswith(home + "/") else path
+
+
+def print_peer_table(rows: list[dict], cache: Path) -> None:
+    """The peer table, readable at 80 columns: pins by their cache entry's name (its full
+    path is in the caption), user builds by their home-relative bin dir, and the reason
+    where a peer is not built. The proto column says whether the build was verified."""
+    t = Table("name", "release", "proto", "built", "cache entry / reason",
+              caption=f"entries in {_home_short(str(cache))}; full paths: --paths",
+              caption_justify="left")
     for r in rows:
-        t.add_row(r["name"], r["pin"] or r["kind"], r["proto"] or "?", _yn(r["available"]),
-                  r["verified_proto"] or "-", r["bin_dir"] if r["available"] else r["reason"])
+        if not r["available"]:
+            where = r["reason"]
+        elif r["bin_dir"] and Path(r["bin_dir"]).parent.parent == cache:
+            where = Path(r["bin_dir"]).parent.name
+        else:
+            where = _home_short(r["bin_dir"] or "")
+        proto, seen = r["proto"] or "?", r["verified_proto"]
+        if r["available"] and seen != r["proto"]:
+            proto += f" (seen {seen})" if seen else " (unverified)"
+        t.add_row(r["name"], r["pin"] or r["kind"], proto, _yn(r["available"]), where)
     console.print(t)
+
+
+@peers_app.command("image")
+def peers_image(name: str = typer.Argument(..., help="A built pin (p3 ... p8) or its label."),
+                repository: str = typer.Option("ggml-rpc-harness/peer", "--repository",
+                                               help="Image repository; the tag is the pin's "
+                                                    "cache key."),
+                force: bool = typer.Option(False, "--force", help="Re-import even if present.")):
+    """Build a local Docker image of a built pin (no registry): its bin dir at /app plus the
+    libraries ldd lists. Prints the image tag (matrix.yaml: kind docker, image, pin)."""
+    from .impls.docker_adapter import DockerUnavailable
+    from .impls.docker_image import build_pin_image
+    from .impls.registry import PeerError
+
+    try:
+        img = build_pin_image(name, repository=repository, force=force)
+    except (PeerError, DockerUnavailable) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(f"{'built' if img.built else 'present'}: {img.tag}", highlight=False)
 
 
 @peers_app.command("build")
@@ -389,7 +438,8 @@ def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .r
 @app.command()
 def fuzz(
     target: str = typer.Option(..., "--target", help="p7 / any peer of `harness peers list`, "
-                               "ref[-DIALECT] (the reference server), a server path, or "
+                               "ref[-DIALECT] (the reference server), a server path, "
+                               "docker:IMAGE or docker:PIN (a server container), or "
                                "client:PEER (the peer's real client facing a malicious "
                                "reference server)."),
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Dialect to speak (default: "

@@ -201,14 +201,16 @@ class TargetSpec:
     """A parsed ``--target``: ``p7`` (registered peer), ``ref`` / ``ref-<dialect>``
     (reference server), ``ref[-<dialect>]:KNOB=V[,KNOB=V]`` (the reference server with
     misbehaviour knobs, e.g. ``ref:stall_on=BUFFER_CLEAR``: a server with a planted bug, to see
-    the fuzzer find it), or a path to a server binary or a llama.cpp build dir."""
+    the fuzzer find it), ``docker:IMAGE`` (a server image run under Docker; ``docker:p7``
+    builds and runs that pin's image), or a path to a server binary or a llama.cpp build dir."""
 
-    kind: str  # "peer" | "ref" | "binary"
+    kind: str  # "peer" | "ref" | "binary" | "docker"
     name: str  # for reports and file names
     dialect: str | None  # None: ask the server (HELLO) after the first start
     peer: str | None = None
     binary: str | None = None
     knobs: tuple[str, ...] = ()  # reference server only: `harness serve --knob` values
+    image: str | None = None  # docker: an image in the engine, or a pin name
 
     @classmethod
     def parse(cls, text: str, dialect: str | None = None) -> "TargetSpec":
@@ -216,6 +218,11 @@ class TargetSpec:
         if dialect is not None and _dialect_or_none(dialect) is None:
             raise TargetError(f"unknown dialect {dialect!r} (see `harness dialects`)")
         head, _, knob_text = text.partition(":")
+        if head == "docker":
+            if not knob_text:
+                raise TargetError(f"{text}: name an image (docker:IMAGE) or a pin (docker:p7)")
+            return cls("docker", "docker-" + _slug(knob_text), _dialect_or_none(dialect),
+                       image=knob_text)
         if head == "ref" or head.startswith("ref-"):
             name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else "7.0.0"))
             if name is None:
@@ -381,6 +388,20 @@ class Target:
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0],
                                        with_shim(env), name=peer.name, host=self.host,
                                        workdir=workdir, ready_timeout=self.ready_timeout)
+        if spec.kind == "docker":
+            from ..impls.docker_adapter import DockerServer
+            from ..impls.docker_image import build_pin_image
+            from ..impls.registry import get_pin
+            image = spec.image
+            try:
+                get_pin(image)
+            except PeerError:
+                pass  # an image name
+            else:
+                image = build_pin_image(image).tag  # docker:p7
+
+            return DockerServer.start(image, name=spec.name, host=self.host, workdir=workdir,
+                                      ready_timeout=self.ready_timeout)
         stdbuf = shutil.which("stdbuf")
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]

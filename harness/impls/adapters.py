@@ -7,12 +7,14 @@ reference peer, real llama.cpp pins, user builds and docker images alike through
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..peer.knobs import Misbehaviour
+from ..proto.dialects import get_dialect
 from .driver import ClientDriver
-from .supervisor import ServerProcess, start_peer_server, start_reference_server
+from .supervisor import ServerProcess, ServerStartError, start_peer_server, \
+    start_reference_server
 
 
 @dataclass
@@ -21,10 +23,11 @@ class Adapter:
     kind: str  # ref | pin | user | docker
     dialect: str
     pin: str | None = None
-    image: str | None = None
-    command: list[str] | None = None
-    container_port: int | None = None
+    image: str | None = None  # kind docker: the image, or with ``pin`` its repository
+    command: list[str] | None = None  # kind docker: the server's argv ({host}, {port})
     server_args: tuple[str, ...] = ()
+    _image_tag: str | None = field(default=None, init=False, repr=False)
+    _image_problem: RuntimeError | None = field(default=None, init=False, repr=False)
 
     # ------------------------------------------------------------ availability
     def unavailable(self) -> str | None:
@@ -32,9 +35,7 @@ class Adapter:
         if self.kind == "ref":
             return None
         if self.kind == "docker":
-            from .docker_adapter import docker_available
-            ok, reason = docker_available()
-            return None if ok else reason
+            return self._docker_unavailable()
         from .registry import PeerError, get_peer
         try:
             peer = get_peer(self.pin)
@@ -43,6 +44,41 @@ class Adapter:
         if not peer.available:
             return f"{self.pin}: {peer.reason}"
         return None
+
+    def _docker_unavailable(self) -> str | None:
+        """Why this image cannot run here. Where Docker is required (CI), None: the start
+        then fails with the same reason, so a missing engine fails the cell."""
+        from .docker_adapter import docker_required
+        try:
+            self.docker_image()
+        except RuntimeError as e:  # no engine, pin not built, import refused, no such image
+            return None if docker_required() else str(e)
+        return None
+
+    def docker_image(self) -> str:
+        """The image to run: with ``pin``, that pin's image (built on first use, see
+        ``harness peers image``), else ``image`` as it is in the engine."""
+        if self._image_problem is not None:  # said once per run, not tried again per cell
+            raise self._image_problem
+        if self._image_tag is None:
+            from .docker_adapter import engine_client
+            from .docker_image import ImageError, build_pin_image, image_exists
+            client = engine_client()
+            try:
+                if self.pin:
+                    self._image_tag = build_pin_image(self.pin, repository=self.image,
+                                                      client=client).tag
+                elif image_exists(client, self.image):
+                    self._image_tag = self.image
+                else:
+                    raise ImageError(f"image {self.image} not in the engine (no registry is "
+                                     "used: build it, e.g. `harness peers image PIN`)")
+            except ImageError as e:
+                self._image_problem = e
+                raise
+            finally:
+                client.close()
+        return self._image_tag
 
     def peer(self):
         from .registry import get_peer
@@ -57,7 +93,14 @@ class Adapter:
                                           cache_dir=cache_dir / "rpc" if cache_dir else None,
                                           extra_args=["--idle-timeout", "60", *self.server_args])
         if self.kind == "docker":
-            raise NotImplementedError("docker servers run through DockerPeer where an engine exists")
+            from .docker_adapter import DockerServer
+            from .docker_image import ImageError
+            try:
+                image = self.docker_image()
+            except ImageError as e:
+                raise ServerStartError(f"{self.name}: {e}") from None
+            return DockerServer.start(image, self.command, name=self.name, workdir=workdir,
+                                      cache_dir=cache_dir)
         return start_peer_server(self.peer(), cache_dir=cache_dir, workdir=workdir)
 
     # ------------------------------------------------------------ clients
@@ -68,7 +111,9 @@ class Adapter:
             return RefClientDriver(self.dialect, knobs=knobs, timeout=step_timeout,
                                    transport_factory=transport_factory)
         if self.kind == "docker":
-            raise NotImplementedError("docker images play servers only")
+            from .docker_adapter import DockerClientDriver
+            return DockerClientDriver(self.docker_image(), proto=get_dialect(self.dialect).version_str,
+                                      step_timeout=step_timeout, name=self.name)
         from .real_client import CtypesClientDriver
         peer = self.peer()
         return CtypesClientDriver(peer.lib_dir, proto=peer.proto, step_timeout=step_timeout,
@@ -82,8 +127,7 @@ class Adapter:
 def adapter_for(name: str, impl) -> Adapter:
     """Build an adapter from a matrix.yaml implementation entry (harness.matrix.model)."""
     return Adapter(name=name, kind=impl.kind, dialect=impl.proto, pin=impl.pin, image=impl.image,
-                   command=impl.command, container_port=impl.port,
-                   server_args=tuple(impl.server_args))
+                   command=impl.command, server_args=tuple(impl.server_args))
 
 
 def adapter_for_peer(pin: str) -> Adapter:

@@ -221,6 +221,43 @@ def _merge_tail(stdout: list[str], stderr: list[str], n: int) -> list[str]:
     return merged[-n:] if n > 0 else []
 
 
+def start_retrying(launch: Callable[[int, Path], "ServerProcess"], *, host: str,
+                   port: int | None, workdir: Path | str | None, ready_timeout: float,
+                   prefix: str = "ggml-rpc-server-"):
+    """``launch(port, workdir)`` and wait until it listens; with ``port=None`` a free port is
+    picked, and picked again if the server loses the race for it. A workdir made here
+    (``workdir=None``) belongs to the server, which removes it at stop. Any server with
+    ServerProcess's ``_wait_ready``/``stop``/``_owns_workdir`` can be started this way."""
+    owns_workdir = workdir is None
+    workdir = Path(tempfile.mkdtemp(prefix=prefix) if workdir is None else workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    attempts = _BIND_RETRIES if port is None else 1
+    for attempt in range(attempts):
+        chosen = free_port(host) if port is None else port
+        # The workdir is handed over only on success: a failed attempt's stop() must not
+        # delete the dir the next attempt logs into.
+        try:
+            server = launch(chosen, workdir)
+        except BaseException:
+            if owns_workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+        try:
+            server._wait_ready(ready_timeout)
+            server._owns_workdir = owns_workdir
+            return server
+        except ServerStartError as e:
+            server.stop()
+            bind_lost = any(t in e.args[0] or any(t in line for line in e.log_tail)
+                            for t in _BIND_LOST)
+            if bind_lost and attempt + 1 < attempts:
+                continue
+            if owns_workdir:
+                shutil.rmtree(workdir, ignore_errors=True)
+            raise
+    raise AssertionError("unreachable")
+
+
 class ServerProcess:
     """One running server. Create with ``ServerProcess.start(...)``; use as a context manager."""
 
@@ -253,30 +290,10 @@ class ServerProcess:
         the race for it. Raises ServerStartError, with the log tail, when the server does not
         come up.
         """
-        owns_workdir = workdir is None
-        workdir = Path(tempfile.mkdtemp(prefix="ggml-rpc-server-") if workdir is None else workdir)
-        workdir.mkdir(parents=True, exist_ok=True)
-        attempts = _BIND_RETRIES if port is None else 1
-        for attempt in range(attempts):
-            chosen = free_port(host) if port is None else port
-            # The workdir is handed over only on success: a failed attempt's stop() must not
-            # delete the dir the next attempt logs into.
-            server = cls._launch(argv, env, name=name, host=host, port=chosen, workdir=workdir,
-                                 owns_workdir=False)
-            try:
-                server._wait_ready(ready_timeout)
-                server._owns_workdir = owns_workdir
-                return server
-            except ServerStartError as e:
-                server.stop()
-                bind_lost = any(t in e.args[0] or any(t in line for line in e.log_tail)
-                                for t in _BIND_LOST)
-                if bind_lost and attempt + 1 < attempts:
-                    continue
-                if owns_workdir:
-                    shutil.rmtree(workdir, ignore_errors=True)
-                raise
-        raise AssertionError("unreachable")
+        return start_retrying(
+            lambda p, wd: cls._launch(argv, env, name=name, host=host, port=p, workdir=wd,
+                                      owns_workdir=False),
+            host=host, port=port, workdir=workdir, ready_timeout=ready_timeout)
 
     @classmethod
     def _launch(cls, argv: ArgvSpec, env, *, name, host, port, workdir, owns_workdir):

@@ -133,6 +133,8 @@ class CellContext:
 
     # -- the end-to-end model client (real llama.cpp programs only)
     def model_client_unavailable(self) -> str | None:
+        if self.client_kind == "docker":
+            return "the model client (llama-simple) runs natively only, not from an image"
         bin_dir = self.client_adapter.bin_dir
         if bin_dir is None or not (bin_dir / "llama-simple").exists():
             return (f"{self.client_adapter.pin} has no llama-simple: run `harness peers build "

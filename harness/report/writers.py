@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import html
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pandas as pd
 
-SYMBOL = {"pass": "✔", "fail": "✘", "crash": "💥", "hang": "⏳", "error": "⚠", "skip": "–"}
-COLOUR = {"pass": "#c8f7c5", "fail": "#f7c5c5", "crash": "#f79f9f", "hang": "#f7e3a1",
-          "error": "#f7d1a1", "skip": "#e4e4e4"}
-SHORT = {"works": "works", "works-degraded": "degraded", "rejected-at-hello": "rejected",
-         "failed": "failed"}
+from . import html_report
+from .glyphs import COLOUR, SYMBOL  # noqa: F401 - re-exported for the job's progress line
+from .html_report import SHORT, text
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -77,7 +74,7 @@ def markdown(df: pd.DataFrame, title: str) -> str:
                 r = ds[ds["pair"] == pair]
                 if len(r):
                     r = r.iloc[0]
-                    observed = r["observed"] if isinstance(r["observed"], str) else ""
+                    observed = text(r["observed"])
                     cells.append(f"{SYMBOL[r['verdict']]} {SHORT.get(observed, observed)}")
                 else:
                     cells.append("")
@@ -96,8 +93,8 @@ def markdown(df: pd.DataFrame, title: str) -> str:
     if len(skipped):
         out.append("## Skipped")
         out.append("")
-        for reason, g in skipped.groupby("reason"):
-            out.append(f"- {len(g)} cell(s): {reason}")
+        for reason, g in skipped.groupby(skipped["reason"].map(text)):
+            out.append(f"- {len(g)} cell(s): {reason or 'no reason recorded'}")
         out.append("")
     counts = df["verdict"].value_counts().to_dict()
     out.append("Totals: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
@@ -138,7 +135,7 @@ def _releases_md(d: pd.DataFrame) -> list[str]:
                 row.append("")
                 continue
             r = r.iloc[0]
-            row.append(f"{SYMBOL[r['verdict']]} {SHORT.get(r['observed'], r['observed'] or '-')}"
+            row.append(f"{SYMBOL[r['verdict']]} {SHORT.get(text(r['observed']), text(r['observed']) or '-')}"
                        f" ({SHORT.get(r['expected_outcome'], r['expected_outcome'])})")
         out.append("| " + " | ".join(row) + " |")
     out.append("")
@@ -146,54 +143,7 @@ def _releases_md(d: pd.DataFrame) -> list[str]:
 
 
 def write_html(df: pd.DataFrame, out: Path, title: str, diffs: list[dict] | None = None) -> None:
-    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
-             "<style>body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;"
-             "margin-bottom:1.5em}td,th{border:1px solid #999;padding:4px 8px;vertical-align:top;"
-             "font-size:13px}th{background:#eee}a{color:inherit}.legend span{padding:2px 8px;"
-             "margin-right:6px}</style></head><body>",
-             f"<h1>{html.escape(title)}</h1><p class='legend'>"]
-    parts += [f"<span style='background:{c}'>{SYMBOL[v]} {v}</span>" for v, c in COLOUR.items()]
-    parts.append("</p>")
-    for design, d in df.groupby("design", sort=False):
-        parts.append(f"<h2>{html.escape(design)}</h2>")
-        pairs = list(dict.fromkeys(d["pair"]))
-        labels = {p: d[d["pair"] == p].iloc[0] for p in pairs}
-        tcol = "transport" if "transport" in d else "cache"
-        parts.append("<table><tr><th>scenario</th><th>cache</th><th>transport</th>" + "".join(
-            f"<th>{html.escape(p)}<br><small>{html.escape(labels[p]['client'])} → "
-            f"{html.escape(labels[p]['server'])}</small></th>" for p in pairs) + "</tr>")
-        for (scen, cache, transport), ds in d.groupby(["scenario", "cache", tcol], sort=False):
-            tname = transport if tcol == "transport" else "tcp"
-            parts.append(f"<tr><td>{html.escape(scen)}</td><td>{'on' if cache else 'off'}</td>"
-                         f"<td>{html.escape(str(tname))}</td>")
-            for p in pairs:
-                r = ds[ds["pair"] == p]
-                if not len(r):
-                    parts.append("<td></td>")
-                    continue
-                r = r.iloc[0]
-                tip = html.escape(f"expected {r['expected']}; {r['reason']}")
-                parts.append(
-                    f"<td style='background:{COLOUR[r['verdict']]}' title='{tip}'>"
-                    f"<a href='{html.escape(r['folder'])}/'>{SYMBOL[r['verdict']]} {r['verdict']}</a>"
-                    f"<br><small>{html.escape(str(r['observed'] or ''))}</small></td>")
-            parts.append("</tr>")
-        parts.append("</table>")
-    if diffs:
-        parts.append("<h2>Differential transcripts</h2><p>Each cell against the new-client/"
-                     "new-server cell of the same design, scenario and cache setting (pointers "
-                     "renamed, timing dropped): the first diverging field and the commands only "
-                     "one side sent. Reproduce with <code>harness diff A B</code>.</p><table>"
-                     "<tr><th>design</th><th>scenario</th><th>cache</th><th>cell</th>"
-                     "<th>difference</th></tr>")
-        for d in diffs:
-            parts.append(f"<tr><td>{html.escape(d['design'])}</td><td>{html.escape(d['scenario'])}"
-                         f"</td><td>{'on' if d['cache'] else 'off'}</td><td><a href='"
-                         f"{html.escape(d['a'])}/'>{html.escape(d['cell'])}</a></td><td><pre>"
-                         f"{html.escape(d['summary'])}</pre></td></tr>")
-        parts.append("</table>")
-    parts.append("</body></html>")
-    (out / "matrix.html").write_text("".join(parts))
+    (out / "matrix.html").write_text(html_report.render(df, title, diffs))
 
 
 def write_junit(df: pd.DataFrame, out: Path, name: str = "ggml-rpc-matrix") -> None:
