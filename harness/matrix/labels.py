@@ -8,13 +8,15 @@ mismatch makes the cell an error ("misconfigured"), not an incompatibility.
 
 from __future__ import annotations
 
-from ..capture.transcript import Transcript
+import struct
+
+from ..capture.transcript import C2S, Transcript
 from ..peer.profile import HASH_ALWAYS, HASH_IF_FLAG, profile_for
 from ..proto import HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd, Session, get_dialect
-from ..proto.constants import CONN_CAPS_SIZE
+from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
+from ..proto.tensor import nbytes
 
-# HELLO frame: command byte and u64 payload length before the payload
-_FRAME_HEAD = 1 + 8
+_FRAME_HEAD = struct.Struct("<BQ")  # command byte, u64 payload length
 
 
 def server_label_mismatch(server_dialect: str, sessions: list[Session]) -> str | None:
@@ -41,24 +43,44 @@ def client_label_mismatch(client_dialect: str, transcripts: list[Transcript],
     """
     d = get_dialect(client_dialect)
     for i, (tr, seen) in enumerate(zip(transcripts, sessions)):
-        own = tr.decode(dialect=d)  # the client's bytes read as the dialect of its label
-        sent = [e for e in own.exchanges if e.request is not None]
-        if not sent:
-            continue
+        head = _first_bytes(tr, _FRAME_HEAD.size)
+        if len(head) < _FRAME_HEAD.size:
+            continue  # nothing (or not even a frame header) sent: no statement about a dialect
         where = f"client labelled {d.name}, connection {i}"
-        if sent[0].cmd is not Cmd.HELLO:
-            return f"{where}: opened with {sent[0].cmd.name}, not HELLO"
-        caps = sent[0].req_size - _FRAME_HEAD
+        cmd, caps = _FRAME_HEAD.unpack(head)
+        if cmd != HELLO_ID:
+            return f"{where}: opened with command byte {cmd}, not HELLO"
         want = CONN_CAPS_SIZE if d.hello_caps else 0
         if caps != want:
             return f"{where}: sent a {caps}-byte HELLO, its dialect sends {want} bytes"
+        own = tr.decode(dialect=d)  # the client's bytes read as the dialect of its label
+        sent = [e for e in own.exchanges if e.request is not None]
         if own.c2s_error and not _cut_short(own):
             return f"{where}: sent what {d.name} cannot parse: {own.c2s_error}"
+        misfit = next((e for e in sent if e.cmd is Cmd.SET_TENSOR and not _fits(e)), None)
+        if misfit is not None:
+            # e.g. a cache_flag byte its label does not have shifts offset and payload by one
+            return (f"{where}: sent what {d.name} cannot parse: SET_TENSOR #{misfit.index} "
+                    f"writes past its tensor when read with {d.name}'s layout")
         if uploads_big_weights:
             wrong = _hashing_mismatch(d.name, sent, seen)
             if wrong:
                 return f"{where}: {wrong}"
     return None
+
+
+def _fits(e) -> bool:
+    size = e.data_length or len(e.request.data)
+    return e.request.offset + size <= nbytes(e.request.tensor)
+
+
+def _first_bytes(tr: Transcript, n: int) -> bytes:
+    out = b""
+    for c in tr.stream(C2S):
+        if c.data is None or len(out) >= n:
+            break
+        out += c.data
+    return out[:n]
 
 
 def _cut_short(session: Session) -> bool:

@@ -32,6 +32,10 @@ def pytest_addoption(parser):
                          "program-missing, device-missing) or reason substring (e.g. p8)")
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "matrix: runs matrix cells")
+
+
 def pytest_load_initial_conftests(early_config, parser, args):
     # Make the matrix file a collection target, so `pytest --matrix m.yaml` collects its cells.
     for i, a in enumerate(args):
