@@ -156,6 +156,18 @@ def test_pytest_plugin_fails_a_missing_peer_unless_allowed(tmp_path):
 
 # ------------------------------------------------------------------ planted faults
 
+@pytest.mark.parametrize("transport", ["tcp", "rdma-emu"])
+def test_honest_reference_cells_pass_every_stricter_check(transport, tmp_path):
+    """The baseline for the faults below: the same checks pass when nobody lies (disconnect's
+    cut-off upload and the RDMA recording's unkept payload included)."""
+    data = one_design(REF7, ALL_REF7, ["handshake", "alloc", "roundtrip", "weights-cache",
+                                       "weights-only", "compute", "copy-memset", "disconnect",
+                                       "two-clients"])
+    data["transports"] = [transport]
+    rows = run_one(tmp_path, data)
+    assert [(r["scenario"], r["verdict"], r["reason"]) for r in rows
+            if r["verdict"] != "pass"] == []
+
 def test_client_that_sends_after_the_hello_it_rejects_fails_that_check(tmp_path):
     # the lying client appends a whole DEVICE_COUNT frame to its HELLO, then rejects 9.0.0
     impls = {"ref-7": {"kind": "ref", "proto": "7.0.0"}, "ref-9": {"kind": "ref", "proto": "9.0.0"},

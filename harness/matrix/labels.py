@@ -55,7 +55,9 @@ def client_label_mismatch(client_dialect: str, transcripts: list[Transcript],
             return f"{where}: sent a {caps}-byte HELLO, its dialect sends {want} bytes"
         own = tr.decode(dialect=d)  # the client's bytes read as the dialect of its label
         sent = [e for e in own.exchanges if e.request is not None]
-        if own.c2s_error and not _cut_short(own):
+        unparsed = own.c2s_error and not _cut_short(own) and \
+            not _unrecorded_before(tr, own.c2s_error_offset)
+        if unparsed:
             return f"{where}: sent what {d.name} cannot parse: {own.c2s_error}"
         misfit = next((e for e in sent if e.cmd is Cmd.SET_TENSOR and not _fits(e)), None)
         if misfit is not None:
@@ -86,7 +88,20 @@ def _first_bytes(tr: Transcript, n: int) -> bytes:
 def _cut_short(session: Session) -> bool:
     """The stream ended inside a message (a client that disconnects mid-upload on purpose),
     which is no statement about its dialect."""
-    return session.c2s_closed and "truncated" in (session.c2s_error or "").lower()
+    return "closed inside" in (session.c2s_error or "")
+
+
+def _unrecorded_before(tr: Transcript, offset: int | None) -> bool:
+    """Bytes up to ``offset`` were not all recorded (a transcript that stopped keeping payload
+    decodes them as zeros), so an error there says nothing about the client."""
+    seen = 0
+    for c in tr.stream(C2S):
+        if offset is not None and seen > offset:
+            return False
+        if c.data is None:
+            return True
+        seen += c.length
+    return False
 
 
 def _hashing_mismatch(dialect: str, sent: list, seen: Session) -> str | None:
