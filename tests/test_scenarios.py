@@ -250,23 +250,17 @@ def test_load_checks_every_byte_of_every_tensor(tmp_path, monkeypatch):
     assert "1 of " in row["reason"] and "token_embd" in row["reason"]
 
 
-def test_a_client_that_hashes_unlike_its_label_is_misconfigured(tmp_path):
-    impls = {**REF7, "nohash-7": {"kind": "ref", "proto": "7.0.0",
-                                  "client_knobs": ["hash_policy=never"]}}
-    row = run_one(tmp_path, one_design(impls, {**ALL_REF7, "old-client": "nohash-7"},
+@pytest.mark.parametrize("proto,knob,why", [
+    ("7.0.0", "hash_policy=never", "without SET_TENSOR_HASH first"),
+    ("7.0.0+flags", "hash_policy=always", "although the server's HELLO announced no cache"),
+])
+def test_a_client_that_hashes_unlike_its_label_is_misconfigured(proto, knob, why, tmp_path):
+    impls = {**REF7, "liar": {"kind": "ref", "proto": proto, "client_knobs": [knob]}}
+    row = run_one(tmp_path, one_design(impls, {**ALL_REF7, "old-client": "liar"},
                                        ["weights-cache"]))
     assert row["verdict"] == "error"
-    assert "misconfigured: client labelled 7.0.0" in row["reason"]
-    assert "without SET_TENSOR_HASH first" in row["reason"]
-
-
-def test_a_flags_client_that_hashes_without_the_flag_is_misconfigured(tmp_path):
-    impls = {**REF7, "hash-7f": {"kind": "ref", "proto": "7.0.0+flags",
-                                 "client_knobs": ["hash_policy=always"]}}
-    row = run_one(tmp_path, one_design(impls, {**ALL_REF7, "old-client": "hash-7f"},
-                                       ["weights-cache"]))
-    assert row["verdict"] == "error"
-    assert "although the server's HELLO announced no cache" in row["reason"]
+    assert f"misconfigured: client labelled {proto}, connection 0: " in row["reason"]
+    assert why in row["reason"]
 
 
 class _Mislabelled(Adapter):

@@ -58,6 +58,15 @@ class CellContext:
     front_port: int | None = None  # a fault-injecting proxy in front of the recorder
     connect: object = None  # RDMA cells: dialect -> (host, port) -> Transport
     endpoints: list = field(default_factory=list)  # RDMA cells: every client endpoint
+    # the labels scenarios read (harness.scenario.Context), from the two adapters
+    client_dialect: str = field(init=False)
+    server_dialect: str = field(init=False)
+    client_kind: str = field(init=False)
+    server_kind: str = field(init=False)
+
+    def __post_init__(self):
+        self.client_dialect, self.client_kind = self.client_adapter.dialect, self.client_adapter.kind
+        self.server_dialect, self.server_kind = self.server_adapter.dialect, self.server_adapter.kind
 
     @property
     def port(self) -> int:
@@ -83,22 +92,6 @@ class CellContext:
     @property
     def cache(self) -> bool:
         return self.cell.cache
-
-    @property
-    def client_dialect(self) -> str:
-        return self.client_adapter.dialect
-
-    @property
-    def server_dialect(self) -> str:
-        return self.server_adapter.dialect
-
-    @property
-    def client_kind(self) -> str:
-        return self.client_adapter.kind
-
-    @property
-    def server_kind(self) -> str:
-        return self.server_adapter.kind
 
     def new_client(self) -> ClientDriver:
         drv = self.client_adapter.new_client(step_timeout=self.step_timeout,
