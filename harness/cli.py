@@ -77,7 +77,18 @@ def _delivery(spec: Optional[str]) -> Optional[str]:
     except ValueError as e:
         raise typer.BadParameter(str(e))
     return spec
+
+
 ROLE_NAMES = ("old-client", "new-client", "old-server", "new-server")
+ALLOW_SKIP_HELP = ("Accept cells skipped for this reason (repeatable or comma-separated): a code "
+                   "(peer-missing, program-missing, device-missing) or a substring of the reason "
+                   "(e.g. p8, llama-simple). Without it a cell skipped because a peer or program "
+                   "is missing fails the run.")
+
+
+def _allow_skip(items: list[str]):
+    from .matrix.skips import AllowSkip
+    return AllowSkip.parse(items)
 
 
 def _load_matrix(path: Path):
@@ -93,10 +104,30 @@ def _load_matrix(path: Path):
         raise typer.Exit(2)
 
 
-def _finish(df, run_dir: Path) -> None:
+def _finish(rows: list[dict], run_dir: Path, allow) -> int:
+    """Print the compact summary and what a run refused to skip; returns the exit code."""
+    from .matrix.skips import describe_refused, exit_code, refused_skips
     from .report.terminal import print_summary
+    from .report.writers import frame
 
-    print_summary(console, df, run_dir)
+    print_summary(console, frame(rows), run_dir)
+    refused = refused_skips(rows, allow)
+    if refused:
+        console.print(f"[red]{len(refused)} cell(s) skipped because something is missing here "
+                      "(name the reason in --allow-skip to accept it):", highlight=False)
+        for line in describe_refused(refused):
+            console.print(f"  {line}", highlight=False, markup=False)
+    return exit_code(rows, allow)
+
+
+def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_skip: list[str],
+                    run_id: Optional[str] = None) -> None:
+    from .matrix.job import run_job
+
+    allow = _allow_skip(allow_skip)
+    rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
+                               run_id=run_id, deliver=_delivery(deliver), allow_skip=allow)
+    raise typer.Exit(_finish(rows, run_dir, allow))
 
 
 @app.command("list")
@@ -134,10 +165,10 @@ def run(
     out: Path = typer.Option(Path("reports"), "--out", help="Where run folders go."),
     workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
+    allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
 ):
     """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
     from .matrix.cells import expand
-    from .matrix.job import run_job
 
     for r, kind in ((client_role, "client"), (server_role, "server")):
         if r not in ROLE_NAMES or not r.endswith(kind):
@@ -148,10 +179,8 @@ def run(
     if not cells:
         console.print("[red]no cell matches")
         raise typer.Exit(2)
-    df, run_dir, code = run_job(m, cells, out, title=f"{client_role} x {server_role}",
-                                workers=workers, console=console, deliver=_delivery(deliver))
-    _finish(df, run_dir)
-    raise typer.Exit(code)
+    _run_and_finish(m, cells, out, title=f"{client_role} x {server_role}", workers=workers,
+                    deliver=deliver, allow_skip=allow_skip)
 
 
 @app.command()
@@ -164,20 +193,18 @@ def matrix(
     out: Path = typer.Option(Path("reports"), "--out"),
     workers: Optional[int] = typer.Option(None),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
+    allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
     from .matrix.cells import expand, release_cells
-    from .matrix.job import run_job
 
     m = _load_matrix(matrix_file)
     cells = expand(m, designs=design or None, scenarios=scenario or None)
     if releases and not design:
         cells += release_cells(m)
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
-    df, run_dir, code = run_job(m, cells, out, title=title, workers=workers, console=console,
-                                deliver=_delivery(deliver))
-    _finish(df, run_dir)
-    raise typer.Exit(code)
+    _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
+                    allow_skip=allow_skip)
 
 
 @app.command()
@@ -219,10 +246,10 @@ def cell(
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out"),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
+    allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
 ):
     """Run one cell (what a CI job fanned out from `harness list --json` runs)."""
     from .matrix.cells import expand, find_cell, release_cells
-    from .matrix.job import run_job
 
     m = _load_matrix(matrix_file)
     try:
@@ -230,10 +257,8 @@ def cell(
     except KeyError:
         console.print(f"[red]no cell {cell_id!r}; see `harness list`")
         raise typer.Exit(2)
-    df, run_dir, code = run_job(m, [c], out, title=c.id, workers=1, console=console,
-                                run_id=c.slug, deliver=_delivery(deliver))
-    _finish(df, run_dir)
-    raise typer.Exit(code)
+    _run_and_finish(m, [c], out, title=c.id, workers=1, deliver=deliver, allow_skip=allow_skip,
+                    run_id=c.slug)
 
 
 @app.command()
@@ -241,6 +266,7 @@ def report(
     folder: Path = typer.Argument(..., help="A folder holding cell folders with verdict.json "
                                   "(e.g. downloaded CI artifacts)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: FOLDER)."),
+    allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
@@ -252,9 +278,8 @@ def report(
         console.print(f"[red]no verdict.json under {folder}")
         raise typer.Exit(2)
     dest = out or folder
-    df = write_all(rows, dest, "ggml-rpc interoperability matrix")
-    console.print((dest / "matrix.md").read_text(), highlight=False, markup=False)
-    raise typer.Exit(1 if (~df["verdict"].isin(["pass", "skip"])).any() else 0)
+    write_all(rows, dest, "ggml-rpc interoperability matrix")
+    raise typer.Exit(_finish(rows, dest, _allow_skip(allow_skip)))
 
 
 def parse_size(text: str) -> int:

@@ -1,13 +1,15 @@
-"""Matrix scenarios, one module each. ``SCENARIOS`` maps id -> scenario instance, in run order."""
+"""Matrix scenarios, one module each.
+
+Importing the package imports every module in it; each defines one class decorated with
+``harness.scenario.scenario``, which registers it in ``harness.scenario.SCENARIOS``. Adding a
+scenario is adding a module here (see docs/EXTENDING.md).
+"""
 
 from __future__ import annotations
 
-from . import (alloc, compute, copy_memset, device_info, disconnect, handshake, load,
-               model_load, roundtrip, two_clients, weights_cache, weights_only)
+import importlib
+import pkgutil
 
-SCENARIOS = {s.id: s for s in (
-    handshake.Handshake(), device_info.DeviceInfo(), alloc.Alloc(), roundtrip.Roundtrip(),
-    weights_cache.WeightsCache(), weights_only.WeightsOnly(), compute.Compute(),
-    copy_memset.CopyMemset(), disconnect.Disconnect(), two_clients.TwoClients(),
-    model_load.ModelLoad(), load.Load(),
-)}
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")

@@ -1,9 +1,8 @@
-from harness.matrix.scenario import WORKS, Check, Observation, Scenario, count
 from harness.proto import Cmd
+from harness.scenario import WORKS, Check, Ended, Observation, Scenario, count, run_steps, scenario
 
-from ._session import Ended, run_steps
 
-
+@scenario
 class Alloc(Scenario):
     id = "alloc"
     title = "Alloc, clear, free"

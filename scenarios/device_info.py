@@ -1,8 +1,7 @@
-from harness.matrix.scenario import WORKS, Check, Observation, Scenario
-
-from ._session import Ended, run_steps
+from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
 
 
+@scenario
 class DeviceInfo(Scenario):
     id = "device-info"
     title = "Device count and memory"

@@ -1,13 +1,13 @@
-from harness.matrix.scenario import WORKS, Check, Observation, Scenario
 from harness.peer.client import ServerClosed, VersionRejected
 from harness.peer.knobs import Misbehaviour
-
-from ._session import Ended, run_steps
+from harness.proto import RpcTensor, ggml
+from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
 
 SIZE = 4 << 20
 CUT = 1 << 20
 
 
+@scenario
 class Disconnect(Scenario):
     id = "disconnect"
     title = "Client disconnect in the middle of a SET_TENSOR"
@@ -20,7 +20,6 @@ class Disconnect(Scenario):
             c = ctx.ref_client(knobs=Misbehaviour(truncate_set_tensor_at=CUT))
             ptr, _ = c.alloc_buffer(SIZE)
             base = c.buffer_get_base(ptr)
-            from harness.proto import RpcTensor, ggml
             t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(SIZE,), buffer=ptr, data=base)
             c.set_tensor(t, bytes(SIZE))
             c.close()
@@ -31,8 +30,8 @@ class Disconnect(Scenario):
             (count,) = run_steps(ctx, [{"op": "device_count"}])
         except Ended as e:
             return e.observation
-        alive = ctx.server.poll() is None
+        exit_info = ctx.server.poll()
         return Observation(WORKS, checks=[
-            Check("server process alive", alive, "" if alive else str(ctx.server.poll())),
-            Check("next client served", count["count"] >= 1, ""),
+            Check("server process alive", exit_info is None, "" if exit_info is None else str(exit_info)),
+            Check("next client served", count["count"] >= 1, f"count={count['count']}"),
         ])

@@ -1,9 +1,9 @@
-from harness.matrix.scenario import WORKS, Check, Observation, Scenario, handshake_facts
 from harness.proto import SERVER_FLAG_CACHE, get_dialect
+from harness.scenario import (WORKS, Check, Ended, Observation, Scenario, handshake_facts,
+                              run_steps, scenario)
 
-from ._session import Ended, run_steps
 
-
+@scenario
 class Handshake(Scenario):
     id = "handshake"
     title = "Handshake and version negotiation"

@@ -1,7 +1,8 @@
-from harness.matrix.scenario import FAILED, WORKS, Check, Observation, Scenario
 from harness.proto import client_accepts, get_dialect
+from harness.scenario import FAILED, WORKS, Check, Observation, Scenario, Skip, scenario
 
 
+@scenario
 class ModelLoad(Scenario):
     id = "model-load"
     title = "Model load over RPC (end to end)"
@@ -11,12 +12,12 @@ class ModelLoad(Scenario):
 
     def applicable(self, ctx):
         if ctx.client_kind == "ref":
-            return "needs a real llama.cpp program as the client"
+            return Skip("needs a real llama.cpp program as the client")
         if ctx.server_kind == "ref" and client_accepts(get_dialect(ctx.client_dialect).version,
                                                        get_dialect(ctx.server_dialect).version):
             # (across majors the HELLO rejection comes first, so the cell still runs)
-            return ("the reference server computes ADD, MUL, SCALE, CPY, MUL_MAT and GET_ROWS only; "
-                    "a llama graph also needs RMS_NORM, ROPE, SOFT_MAX and GLU")
+            return Skip("the reference server computes ADD, MUL, SCALE, CPY, MUL_MAT and GET_ROWS "
+                        "only; a llama graph also needs RMS_NORM, ROPE, SOFT_MAX and GLU")
         return ctx.model_client_unavailable()
 
     def run(self, ctx):

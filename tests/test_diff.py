@@ -10,7 +10,7 @@ from harness.capture.canonical import command_differences, first_divergence
 from harness.capture.differ import diff_cells
 from harness.matrix.cells import expand
 from harness.matrix.model import load_matrix
-from harness.matrix.runner import run_cells
+from harness.matrix.execute import run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 

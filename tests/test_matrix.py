@@ -14,8 +14,8 @@ import yaml
 from harness.matrix.cells import expand, expectation_for
 from harness.matrix.model import MatrixError, load_matrix
 from harness.matrix.releases import predict
-from harness.matrix.runner import run_cells
-from harness.matrix.scenario import Check, Observation
+from harness.matrix.execute import run_cells
+from harness.scenario import NOT_APPLICABLE, PEER_MISSING, Check, Observation, Skip
 from harness.matrix.verdict import judge
 from harness.impls.driver import ExitInfo
 from harness.matrix.model import Expectation
@@ -118,7 +118,7 @@ def test_judge_covers_every_verdict():
     assert "rejection by the client" in judge(rej, _obs("rejected-at-hello",
                                                           rejected_by="server")).reason
     assert judge(works, _obs("works", checks=[Check("x", False, "ev")])).verdict == "fail"
-    assert judge(works, None, skip="no peer").verdict == "skip"
+    assert judge(works, None, skip=Skip("no peer", PEER_MISSING)).verdict == "skip"
     assert judge(works, None, error="boom").verdict == "error"
     assert judge(works, _obs("works"), hang="stalled").verdict == "hang"
     crash = ExitInfo(returncode=-11, signal=11, log_tail=["segfault"])

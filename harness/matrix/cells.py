@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Iterable
 
+from ..scenario import SCENARIOS
 from .model import CELLS, Expectation, Matrix
 
 RELEASES = "releases"
@@ -46,7 +47,6 @@ class Cell:
 
 
 def scenario_cache_options(matrix: Matrix, scenario: str) -> list[bool]:
-    from scenarios import SCENARIOS
     if scenario in matrix.cache_options:
         return list(matrix.cache_options[scenario])
     return list(SCENARIOS[scenario].cache_options[:1])

@@ -11,8 +11,9 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..report.writers import SYMBOL, write_all
 from .cells import Cell
+from .execute import run_cells
 from .model import Matrix
-from .runner import run_cells
+from .skips import AllowSkip, exit_code
 
 
 def new_run_id(prefix: str = "run") -> str:
@@ -52,8 +53,11 @@ def differential(rows: list[dict], run_dir: Path) -> list[dict]:
 
 def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             workers: int | None = None, console: Console | None = None,
-            run_id: str | None = None, deliver: str | None = None) -> tuple[object, Path, int]:
-    """Run ``cells``; returns (results DataFrame, report folder, exit code)."""
+            run_id: str | None = None, deliver: str | None = None,
+            allow_skip: AllowSkip = AllowSkip()) -> tuple[list[dict], Path, int]:
+    """Run ``cells`` and write the reports; returns (result rows, report folder, exit code). The
+    exit code is 1 if a verdict is unexpected or a cell skipped for a reason ``allow_skip``
+    does not name."""
     console = console or Console()
     run_id = run_id or new_run_id()
     run_dir = out_root / run_id
@@ -69,6 +73,5 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
 
         rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
                          progress=progress)
-    df = write_all(rows, run_dir, title, diffs=differential(rows, run_dir))
-    unexpected = df[~df["verdict"].isin(["pass", "skip"])]
-    return df, run_dir, 1 if len(unexpected) else 0
+    write_all(rows, run_dir, title, diffs=differential(rows, run_dir))
+    return rows, run_dir, exit_code(rows, allow_skip)

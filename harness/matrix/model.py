@@ -8,12 +8,16 @@ from typing import Literal, Optional
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+import scenarios  # noqa: F401 - importing the package registers every scenario
+
+from ..peer.knobs import parse_knobs
 from ..proto.dialects import DIALECTS, get_dialect
+from ..scenario import OUTCOMES, SCENARIOS
 
 ROLES = ("old-client", "new-client", "old-server", "new-server")
 CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
          ("new-client", "old-server"), ("new-client", "new-server"))
-OUTCOMES = ("works", "works-degraded", "rejected-at-hello", "failed")
+Outcome = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
 TRANSPORTS = ("tcp", "rdma-emu", "rdma-verbs")
 TransportName = Literal["tcp", "rdma-emu", "rdma-verbs"]
 
@@ -31,6 +35,9 @@ class Implementation(_Strict):
     command: Optional[list[str]] = None  # kind docker
     port: Optional[int] = None  # kind docker: port inside the container
     server_args: list[str] = []  # kind ref: extra `harness serve` arguments (e.g. --knob ...)
+    # kind ref: misbehaviour knobs NAME=VALUE of the reference client in this role (a client
+    # that lies, to show a check failing)
+    client_knobs: list[str] = []
     description: str = ""
 
     @field_validator("proto")
@@ -47,6 +54,10 @@ class Implementation(_Strict):
             raise ValueError(f"kind {self.kind} needs 'pin' (a name from `harness peers list`)")
         if self.kind == "docker" and not self.image:
             raise ValueError("kind docker needs 'image'")
+        if self.client_knobs:
+            if self.kind != "ref":
+                raise ValueError("client_knobs: only the reference client (kind ref) has knobs")
+            parse_knobs(self.client_knobs)  # ValueError names an unknown knob
         return self
 
 
@@ -72,7 +83,7 @@ class Expectation(_Strict):
     transport: Optional[TransportName] = None
     cache: Optional[bool] = None
     scenario: Optional[str] = None
-    outcome: Literal["works", "works-degraded", "rejected-at-hello", "failed"]
+    outcome: Outcome
     degraded: list[str] = []  # works-degraded: what degrades
     side: Optional[Literal["client", "server"]] = None  # rejected-at-hello: who refuses
     message: Optional[str] = None  # substring of the rejecting side's message
@@ -119,7 +130,6 @@ class Matrix(_Strict):
                 want = role.split("-")[1]
                 if want not in self.implementations[impl].roles:
                     raise ValueError(f"designs.{dname}.roles.{role}: {impl} cannot play a {want}")
-        from scenarios import SCENARIOS
         for s in self.scenarios + list(self.cache_options):
             if s not in SCENARIOS:
                 where = "scenarios" if s in self.scenarios else f"cache_options.{s}"

@@ -10,11 +10,12 @@ from pathlib import Path
 from rich.console import Console
 
 from ..capture.loadprof import LoadProfile, plot, profile
-from ..capture.transcript import Transcript
+from ..capture.transcript import C2S, Transcript
+from ..proto import Cmd, Session
 from .cells import Cell
+from .execute import run_cells
 from .job import new_run_id
 from .model import CELLS, Matrix
-from .runner import run_cells
 
 
 def profile_cells(matrix: Matrix, designs: list[str]) -> list[Cell]:
@@ -25,6 +26,22 @@ def profile_cells(matrix: Matrix, designs: list[str]) -> list[Cell]:
             for cache in (False, True):
                 cells.append(Cell(dname, crole, srole, d.roles[crole], d.roles[srole], cache, "load"))
     return cells
+
+
+def upload_wall(tr: Transcript, session: Session) -> float:
+    """Seconds from the connection's first byte to the last one before the client starts
+    reading back (the load scenario checks every tensor after its upload)."""
+    if not tr.chunks:
+        return 0.0
+    first_get = next((e.req_offset for e in session.exchanges if e.cmd is Cmd.GET_TENSOR), None)
+    end, sent = tr.chunks[0].t, 0
+    for c in tr.chunks:
+        if c.direction == C2S:
+            if first_get is not None and sent >= first_get:
+                break
+            sent += c.length
+        end = c.t
+    return end - tr.chunks[0].t
 
 
 def run_profile(matrix: Matrix, designs: list[str], out_root: Path, *, size: int,
@@ -43,8 +60,9 @@ def run_profile(matrix: Matrix, designs: list[str], out_root: Path, *, size: int
             continue
         for n, path in enumerate(conns):
             tr = Transcript.load(path)
-            p: LoadProfile = profile(tr, tr.decode())
-            wall = tr.chunks[-1].t - tr.chunks[0].t if tr.chunks else 0.0
+            session = tr.decode()
+            p: LoadProfile = profile(tr, session)
+            wall = upload_wall(tr, session)
             which = "cold" if n == 0 else "warm"
             rec = {"design": r["design"], "pair": r["pair"], "client": r["client"],
                    "server": r["server"], "cache": r["cache"], "load": which, "wall": wall,

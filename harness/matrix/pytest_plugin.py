@@ -2,7 +2,9 @@
 
 Each cell is one test item named by its cell id, so ``-k`` selects cells
 (``pytest --matrix matrix.yaml -k "no-bump and weights-cache"``). A cell whose verdict is not
-the expected one fails with the verdict's reason; a skipped cell is skipped with its reason.
+the expected one fails with the verdict's reason. A cell that does not apply is skipped with
+its reason; a cell skipped because a peer or program is missing fails, unless
+``--matrix-allow-skip REASON`` (repeatable, as ``harness matrix --allow-skip``) accepts it.
 The cells' folders go to ``--matrix-out`` (default ``reports/pytest-<run-id>``).
 """
 
@@ -11,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
+from .skips import AllowSkip, describe_refused
 
 _OPTION = "--matrix"
 
@@ -23,6 +27,13 @@ def pytest_addoption(parser):
                     help="where cell folders are written")
     group.addoption("--matrix-releases", action="store_true", default=False,
                     help="include the releases matrix (every real build against every other)")
+    group.addoption("--matrix-allow-skip", action="append", default=[], metavar="REASON",
+                    help="accept cells skipped for this reason code (peer-missing, "
+                         "program-missing, device-missing) or reason substring (e.g. p8)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "matrix: runs matrix cells")
 
 
 def pytest_load_initial_conftests(early_config, parser, args):
@@ -44,18 +55,18 @@ def pytest_collect_file(file_path: Path, parent):
 
 class MatrixFile(pytest.File):
     def collect(self):
+        # pytest loads this plugin in every run: the matrix machinery only when --matrix is given
         from .cells import expand, release_cells
+        from .execute import plan
         from .model import load_matrix
-        from .runner import plan
 
         matrix = load_matrix(self.path)
         cells = expand(matrix)
         if self.config.getoption("--matrix-releases"):
             cells += release_cells(matrix)
         self.config._ggml_rpc_matrix = matrix
-        for cell, expect, client, server in plan(matrix, cells):
-            yield MatrixItem.from_parent(self, name=cell.id, cell=cell, expect=expect,
-                                         client=client, server=server)
+        for job in plan(matrix, cells):
+            yield MatrixItem.from_parent(self, name=job.cell.id, job=job)
 
 
 class MatrixCellFailure(Exception):
@@ -63,25 +74,28 @@ class MatrixCellFailure(Exception):
 
 
 class MatrixItem(pytest.Item):
-    def __init__(self, *, cell, expect, client, server, **kw):
+    def __init__(self, *, job, **kw):
         super().__init__(**kw)
-        self.cell, self.expect, self.client, self.server = cell, expect, client, server
+        self.job = job
         self.add_marker(pytest.mark.matrix)
 
     def runtest(self):
+        from .execute import Timeouts, run_cell
         from .job import new_run_id
-        from .runner import Timeouts, run_cell
 
         cfg = self.config
         if not hasattr(cfg, "_ggml_rpc_run"):
             cfg._ggml_rpc_run = new_run_id("pytest")
         matrix = cfg._ggml_rpc_matrix
         run_dir = Path(cfg.getoption("--matrix-out")) / cfg._ggml_rpc_run
-        row = run_cell(self.cell, self.expect, self.client, self.server, run_dir,
+        row = run_cell(self.job, run_dir,
                        Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout),
                        cfg._ggml_rpc_run)
         if row["verdict"] == "skip":
-            pytest.skip(row["reason"])
+            if AllowSkip.parse(cfg.getoption("--matrix-allow-skip")).allows(row):
+                pytest.skip(row["reason"])
+            raise MatrixCellFailure(f"skipped, and --matrix-allow-skip does not accept it: "
+                                    f"{describe_refused([row])[0]}")
         if row["verdict"] != "pass":
             raise MatrixCellFailure(f"{row['verdict']}: {row['reason']} "
                                     f"(evidence: {run_dir / row['folder']})")

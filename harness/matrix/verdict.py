@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..impls.driver import ExitInfo
+from ..scenario import DEGRADED, FAILED, REJECTED, Observation, Skip
 from .model import Expectation
-from .scenario import DEGRADED, FAILED, REJECTED, Observation
 
 PASS, FAIL, CRASH, HANG, ERROR, SKIP = "pass", "fail", "crash", "hang", "error", "skip"
 VERDICTS = (PASS, FAIL, CRASH, HANG, ERROR, SKIP)
@@ -16,10 +16,7 @@ VERDICTS = (PASS, FAIL, CRASH, HANG, ERROR, SKIP)
 class Verdict:
     verdict: str
     reason: str
-
-    @property
-    def expected(self) -> bool:
-        return self.verdict in (PASS, SKIP)
+    skip: Skip | None = None  # SKIP: why, and whether something is missing
 
 
 def describe(expect: Expectation) -> str:
@@ -35,11 +32,11 @@ def describe(expect: Expectation) -> str:
     return text
 
 
-def judge(expect: Expectation, obs: Observation | None, *, skip: str | None = None,
+def judge(expect: Expectation, obs: Observation | None, *, skip: Skip | None = None,
           error: str | None = None, hang: str | None = None,
           server_exit: ExitInfo | None = None) -> Verdict:
     if skip:
-        return Verdict(SKIP, skip)
+        return Verdict(SKIP, skip.reason, skip)
     if error:
         return Verdict(ERROR, error)
     if server_exit is not None and (server_exit.signal or server_exit.aborted):

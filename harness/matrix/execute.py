@@ -1,0 +1,424 @@
+"""Executing cells: servers under supervision, a recording proxy in front, the scenario in a
+thread with a deadline and an idle watchdog, then a verdict from the wire."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import traceback
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import scenarios  # noqa: F401 - importing the package registers every scenario
+
+from ..capture.decode import iter_lines
+from ..capture.loadprof import LoadProfile, plot, profile
+from ..capture.pcap import write_pcap
+from ..capture.proxy import RecordingProxy, compact
+from ..capture.transcript import Transcript
+from ..impls.adapters import Adapter, adapter_for, adapter_for_peer
+from ..impls.driver import ClientDriver, ExitInfo
+from ..impls.model_client import compare_local_rpc
+from ..impls.supervisor import ServerProcess, ServerStartError
+from ..peer.client import RefClient
+from ..peer.knobs import Misbehaviour, parse_knobs
+from ..proto import Session
+from ..scenario import (DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, REJECTED,
+                        SCENARIOS, Observation, Scenario, Skip, handshake_facts)
+from ..transport.chop import Delivery, FaultProxy
+from .cells import RELEASES, Cell, expectation_for
+from .labels import client_label_mismatch, server_label_mismatch
+from .model import Expectation, Matrix
+from .rdma import InProcessRdmaServer, connection_checks
+from .rdma import unavailable as rdma_unavailable
+from .releases import predict
+from .verdict import ERROR, HANG, Verdict, describe, judge
+
+
+@dataclass
+class CellContext:
+    """What a scenario sees of its cell (implements harness.scenario.Context)."""
+
+    cell: Cell
+    client_adapter: Adapter
+    server_adapter: Adapter
+    server: ServerProcess
+    proxy: RecordingProxy | None  # None: RDMA cells, whose endpoints record what they carry
+    workdir: Path
+    cache_dir: Path | None
+    step_timeout: float
+    client_knobs: Misbehaviour | None = None  # what a reference client in the cell is told to do
+    notes: list[str] = field(default_factory=list)
+    clients: list[ClientDriver] = field(default_factory=list)
+    _sessions: list[Session] | None = None
+
+    front_port: int | None = None  # a fault-injecting proxy in front of the recorder
+    connect: object = None  # RDMA cells: dialect -> (host, port) -> Transport
+    endpoints: list = field(default_factory=list)  # RDMA cells: every client endpoint
+    # the labels scenarios read (harness.scenario.Context), from the two adapters
+    client_dialect: str = field(init=False)
+    server_dialect: str = field(init=False)
+    client_kind: str = field(init=False)
+    server_kind: str = field(init=False)
+
+    def __post_init__(self):
+        self.client_dialect, self.client_kind = self.client_adapter.dialect, self.client_adapter.kind
+        self.server_dialect, self.server_kind = self.server_adapter.dialect, self.server_adapter.kind
+
+    @property
+    def port(self) -> int:
+        if self.proxy is None:
+            return self.server.port
+        return self.front_port or self.proxy.port
+
+    def _factory(self, dialect: str):
+        if self.connect is None:
+            return None
+        make = self.connect(dialect)
+
+        def factory(host: str, port: int):
+            ep = make(host, port)
+            self.endpoints.append(ep)
+            return ep
+        return factory
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def cache(self) -> bool:
+        return self.cell.cache
+
+    def new_client(self) -> ClientDriver:
+        drv = self.client_adapter.new_client(step_timeout=self.step_timeout,
+                                             knobs=self.client_knobs,
+                                             transport_factory=self._factory(self.client_dialect))
+        self.clients.append(drv)
+        return drv
+
+    def ref_client(self, *, knobs=None, dialect: str | None = None) -> RefClient:
+        dialect = dialect or self.client_dialect
+        factory = self._factory(dialect)
+        if factory is None:
+            return RefClient.connect("127.0.0.1", self.port, dialect, timeout=self.step_timeout,
+                                     knobs=knobs)
+        client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
+        if not (knobs and knobs.skip_hello):
+            client.hello()
+        return client
+
+    def transcripts(self) -> list[Transcript]:
+        if self.proxy is None:
+            return [ep.transcript for ep in self.endpoints]
+        self.proxy.wait_quiet(timeout=10.0)
+        return list(self.proxy.transcripts)
+
+    def sessions(self) -> list[Session]:
+        return [t.decode() for t in self.transcripts()]
+
+    def cache_files(self) -> list[str]:
+        d = self.cache_dir / "rpc" if self.cache_dir else None
+        if d is None or not d.is_dir():
+            return []
+        return sorted(p.name for p in d.iterdir() if len(p.name) == 16)
+
+    def log(self, message: str) -> None:
+        self.notes.append(message)
+
+    def kill_clients(self) -> None:
+        for c in self.clients:
+            try:
+                c.close()
+            except Exception:  # noqa: BLE001 - best effort while tearing down a hung cell
+                pass
+
+    # -- the end-to-end model client (real llama.cpp programs only)
+    def model_client_unavailable(self) -> Skip | None:
+        if self.client_kind == "docker":
+            return Skip("the model client (llama-simple) runs natively only, not from an image",
+                        PROGRAM_MISSING, f"{self.client_adapter.pin}:llama-simple in an image")
+        bin_dir = self.client_adapter.bin_dir
+        if bin_dir is None or not (bin_dir / "llama-simple").exists():
+            return Skip(f"{self.client_adapter.pin} has no llama-simple: run `harness peers build "
+                        f"{self.client_adapter.pin} --extra-target llama-simple`",
+                        PROGRAM_MISSING, f"{self.client_adapter.pin}:llama-simple")
+        return None
+
+    def run_model_client(self) -> dict:
+        check = compare_local_rpc(self.client_adapter.bin_dir, [self.endpoint],
+                                  timeout=self.step_timeout * 5)
+        rpc_exit = check.rpc.exit
+        if rpc_exit is not None and rpc_exit.aborted and "version mismatch" in (rpc_exit.message or ""):
+            sessions = self.sessions()
+            return {"rejected": True, "observation": Observation(
+                REJECTED, rejected_by="client", message=rpc_exit.message,
+                facts=handshake_facts(sessions[0]) if sessions else {})}
+        (self.workdir / "model.json").write_text(json.dumps(check.summary(), indent=2))
+        return {"equal": check.equal, "local_text": check.local_text, "rpc_text": check.rpc_text}
+
+
+@dataclass
+class Timeouts:
+    deadline: float
+    idle: float
+    deliver: str | None = None  # fault-injecting delivery plan (harness.transport.chop)
+
+
+@dataclass(frozen=True)
+class PlannedCell:
+    """A cell with everything needed to run it: its expectation and both implementations."""
+
+    cell: Cell
+    expect: Expectation
+    client: Adapter
+    server: Adapter
+    client_knobs: Misbehaviour | None = None
+
+
+def _row(job: PlannedCell, verdict: Verdict, obs: Observation | None, duration: float,
+         run_id: str) -> dict:
+    cell, expect, client, server = job.cell, job.expect, job.client, job.server
+    label = {"old-client": "old", "new-client": "new", "old-server": "old", "new-server": "new"}
+    return {
+        "run_id": run_id, "cell_id": cell.id, "design": cell.design, "pair": cell.pair,
+        "client_role": cell.client_role, "server_role": cell.server_role,
+        "client": cell.client, "server": cell.server,
+        "client_label": f"{label.get(cell.client_role, cell.client_role)} client: {cell.client}",
+        "server_label": f"{label.get(cell.server_role, cell.server_role)} server: {cell.server}",
+        "client_dialect": client.dialect, "server_dialect": server.dialect,
+        "client_kind": client.kind, "server_kind": server.kind,
+        "cache": cell.cache, "scenario": cell.scenario, "transport": cell.transport,
+        "expected": describe(expect), "expected_outcome": expect.outcome, "because": expect.because,
+        "observed": obs.outcome if obs else None, "verdict": verdict.verdict,
+        "reason": verdict.reason, "skip_code": verdict.skip.code if verdict.skip else None,
+        "skip_missing": verdict.skip.missing if verdict.skip else None,
+        "duration": round(duration, 3), "folder": cell.folder,
+        "degraded": obs.degraded if obs else [], "rejected_by": obs.rejected_by if obs else None,
+        "message": obs.message if obs else "",
+        "checks": [c.__dict__ for c in obs.checks] if obs else [],
+        "facts": obs.facts if obs else {},
+    }
+
+
+def cell_skip(job: PlannedCell) -> Skip | None:
+    """Why the cell cannot run here before anything starts, or None."""
+    for adapter in (job.client, job.server):
+        reason = adapter.unavailable()
+        if reason:
+            return Skip(reason, PEER_MISSING, adapter.pin or adapter.image or adapter.name)
+    if job.cell.transport != "tcp":
+        reason = rdma_unavailable(job.cell.transport, job.client.kind, job.server.kind)
+        if reason:
+            # with reference peers in both roles only the device can be missing
+            both_ref = job.client.kind == job.server.kind == "ref"
+            return Skip(reason, DEVICE_MISSING if both_ref else NOT_APPLICABLE,
+                        job.cell.transport if both_ref else None)
+    return None
+
+
+def wire_label_mismatch(ctx: CellContext, scenario: Scenario) -> str | None:
+    """The cell's labels against what both sides put on the wire."""
+    sessions = ctx.sessions()
+    return (server_label_mismatch(ctx.server_dialect, sessions) or
+            client_label_mismatch(ctx.client_dialect, ctx.transcripts(), sessions,
+                                  uploads_big_weights=scenario.uploads_big_weights))
+
+
+def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -> dict:
+    cell, expect, server = job.cell, job.expect, job.server
+    t0 = time.monotonic()
+    folder = run_dir / cell.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    scenario = SCENARIOS[cell.scenario]
+
+    def finish(verdict: Verdict, obs: Observation | None = None, load: dict | None = None) -> dict:
+        row = _row(job, verdict, obs, time.monotonic() - t0, run_id)
+        row["load"] = load or {}
+        (folder / "verdict.json").write_text(json.dumps(row, indent=2, default=str))
+        return row
+
+    skip = cell_skip(job)
+    if skip:
+        return finish(judge(expect, None, skip=skip))
+    cache_dir = folder / "cache" if cell.cache else None
+    proxy = None
+    try:
+        if cell.transport == "tcp":
+            srv = server.start_server(folder / "server", cache_dir)
+        else:
+            srv = InProcessRdmaServer(cell.transport, server.dialect, cache_dir, timeouts.idle)
+    except (ServerStartError, OSError) as e:
+        return finish(judge(expect, None, error=f"server did not start: {e}"))
+    if cell.transport == "tcp":
+        # the proxy never times a connection out itself: the watchdog below decides on hangs
+        proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
+                               deadline=timeouts.deadline + 60, keep=CELL_KEEP).start()
+    fault = None
+    if timeouts.deliver and proxy is not None:
+        plan = Delivery.parse(timeouts.deliver)
+        fault = FaultProxy(("127.0.0.1", proxy.port), c2s=plan, s2c=plan,
+                           idle=timeouts.deadline).start()
+    ctx = CellContext(cell, job.client, server, srv, proxy, folder, cache_dir, timeouts.idle,
+                      client_knobs=job.client_knobs,
+                      front_port=fault.port if fault else None,
+                      connect=None if proxy else (lambda d: srv.connect(d, timeouts.idle)))
+    obs: Observation | None = None
+    failure: list[str] = []
+    hang: str | None = None
+    server_exit: ExitInfo | None = None
+    try:
+        skip = scenario.applicable(ctx)
+        if skip:
+            return finish(judge(expect, None, skip=skip))
+        result: dict = {}
+
+        def body():
+            try:
+                result["obs"] = scenario.run(ctx)
+            except BaseException:  # noqa: BLE001 - a harness bug is reported, not raised
+                result["error"] = traceback.format_exc()
+
+        th = threading.Thread(target=body, name=f"cell-{cell.id}", daemon=True)
+        th.start()
+        deadline = t0 + timeouts.deadline
+        while th.is_alive():
+            th.join(0.1)
+            now = time.monotonic()
+            if now > deadline:
+                hang = f"no result within the cell deadline of {timeouts.deadline:.0f} s"
+            elif proxy is not None and proxy.idle_seconds() > timeouts.idle and \
+                    proxy.active_connections() > 0:
+                hang = f"no byte on the wire for {timeouts.idle:.0f} s with a connection open"
+            if hang:
+                ctx.kill_clients()
+                server_exit = srv.poll()
+                srv.stop()
+                th.join(10)
+                break
+        if server_exit is None:
+            server_exit = srv.poll()
+        if "error" in result:
+            failure.append(result["error"])
+        obs = result.get("obs")
+        if obs is not None and obs.message.startswith("hang:"):
+            hang = obs.message
+        if obs is not None and not hang:
+            obs.misconfigured = wire_label_mismatch(ctx, scenario)
+    finally:
+        ctx.kill_clients()
+        if fault is not None:
+            fault.stop()
+            ctx.notes += [f"delivery {timeouts.deliver}: {line}" for line in fault.log[-50:]]
+        final = srv.stop()  # RDMA cells: joins the connection threads, their state is final
+        if server_exit is None and final.returncode not in (None, 0, -15, 143):
+            server_exit = final
+        transcripts = proxy.stop() if proxy is not None else \
+            [compact(t, CELL_KEEP) for t in ctx.transcripts()]
+        _write_artefacts(folder, transcripts, ctx, srv)
+        if proxy is None and obs is not None:
+            obs.checks += connection_checks(ctx.endpoints, srv, expect.outcome == REJECTED)
+            (folder / "rdma.json").write_text(json.dumps(
+                [ep.summary() for ep in ctx.endpoints + list(srv.listener.endpoints)],
+                indent=1, default=str))
+    verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
+                    server_exit=server_exit)
+    load = _load_profile(folder, transcripts, cell)
+    return finish(verdict, obs, load)
+
+
+def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellContext,
+                     srv: ServerProcess) -> None:
+    for i, tr in enumerate(transcripts):
+        tr.save(folder / f"conn{i}.rpct")
+    if transcripts:
+        try:
+            write_pcap(transcripts, folder / "wire.pcap")
+            lines = list(iter_lines(folder / "wire.pcap", dialect=None))
+            (folder / "transcript.txt").write_text("\n".join(lines) + "\n")
+        except Exception as e:  # noqa: BLE001 - artefacts must not hide the verdict
+            (folder / "transcript.txt").write_text(f"could not render: {e!r}\n")
+    (folder / "server.log").write_text(srv.log_text())
+    _compact_cache(ctx.cache_dir)
+    logs = []
+    for c in ctx.clients:
+        logs.append(f"== {c.name}\n" + "\n".join(c.log_tail(200)))
+    if ctx.notes:
+        logs.append("== notes\n" + "\n".join(ctx.notes))
+    (folder / "client.log").write_text("\n\n".join(logs) + "\n")
+
+
+def _compact_cache(cache_dir: Path | None) -> None:
+    """Keep the cache's listing (name and size of every entry), not its multi-MiB contents."""
+    entries = cache_dir / "rpc" if cache_dir else None
+    if entries is None or not entries.is_dir():
+        return
+    files = sorted(p for p in entries.iterdir() if p.is_file())
+    (cache_dir / "entries.txt").write_text(
+        "".join(f"{p.name} {p.stat().st_size}\n" for p in files))
+    for p in files:
+        p.unlink()
+
+
+def _load_profile(folder: Path, transcripts: list[Transcript], cell: Cell) -> dict:
+    """The cell's upload profile from the wire; a bytes-over-time plot when it uploaded much."""
+    if not transcripts:
+        return {}
+    per_conn = [profile(t, t.decode()) for t in transcripts]
+    total = LoadProfile()
+    for p in per_conn:
+        total.merge(p)
+    if total.set_tensor_bytes >= PLOT_BYTES:
+        plot({f"connection {i}": p for i, p in enumerate(per_conn)}, folder / "load.png",
+             title=f"{cell.id}: bytes sent by the client")
+    return total.to_dict()
+
+
+PLOT_BYTES = 1 << 20
+# Bytes of each direction a cell's transcript keeps verbatim; beyond it frame headers are kept
+# and bulk payload is recorded by length, so a run's folders stay small (a 64 MiB round trip
+# would otherwise be kept twice over, as .rpct and as .pcap).
+CELL_KEEP = 1 << 20
+
+
+def plan(matrix: Matrix, cells: list[Cell]) -> list[PlannedCell]:
+    adapters = {name: adapter_for(name, impl) for name, impl in matrix.implementations.items()}
+    knobs = {name: parse_knobs(impl.client_knobs) if impl.client_knobs else None
+             for name, impl in matrix.implementations.items()}
+    out = []
+    for cell in cells:
+        if cell.design == RELEASES:
+            c, s = adapter_for_peer(cell.client), adapter_for_peer(cell.server)
+            out.append(PlannedCell(cell, predict(c.dialect, s.dialect), c, s))
+        else:
+            out.append(PlannedCell(cell, expectation_for(matrix, cell), adapters[cell.client],
+                                   adapters[cell.server], knobs[cell.client]))
+    return out
+
+
+def run_cells(matrix: Matrix, cells: list[Cell], run_dir: Path, *, run_id: str,
+              workers: int | None = None, deliver: str | None = None,
+              progress: Callable[[dict], None] | None = None) -> list[dict]:
+    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout, deliver)
+    rows: list[dict] = []
+    with ThreadPoolExecutor(max_workers=workers or matrix.defaults.workers) as pool:
+        futs = {pool.submit(run_cell, job, run_dir, timeouts, run_id): job
+                for job in plan(matrix, cells)}
+        for fut in as_completed(futs):
+            try:
+                row = fut.result()
+            except Exception:  # noqa: BLE001
+                job = futs[fut]
+                row = _row(job, Verdict(ERROR, traceback.format_exc()), None, 0.0, run_id)
+            rows.append(row)
+            if progress:
+                progress(row)
+    order = {c.id: i for i, c in enumerate(cells)}
+    rows.sort(key=lambda r: order.get(r["cell_id"], 0))
+    return rows
+
+
+__all__ = ["run_cells", "run_cell", "plan", "PlannedCell", "CellContext", "Timeouts", "HANG"]
