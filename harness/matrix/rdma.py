@@ -16,8 +16,8 @@ from ..impls.driver import ExitInfo
 from ..peer.server import ReferenceServer
 from ..peer.server_core import ServerConfig
 from ..proto import get_dialect
-from ..transport.rdma_emu import (RdmaEmuListener, config_for_dialect, connect_emu,
-                                  rdma_checks)
+from ..transport.rdma_core import RdmaOverrun, config_for_dialect
+from ..transport.rdma_endpoint import RdmaEmuEndpoint, RdmaEmuListener, connect_emu
 from .scenario import Check
 
 
@@ -76,6 +76,32 @@ class InProcessRdmaServer:
     def stop(self, timeout: float = 5.0) -> ExitInfo:
         self.listener.stop(timeout)
         return ExitInfo(returncode=0)
+
+
+def rdma_checks(client: RdmaEmuEndpoint, server: RdmaEmuEndpoint, *,
+                expect_rdma: bool = True) -> list[Check]:
+    """What must hold on an emulated-RDMA connection besides the scenario's own checks."""
+    out = []
+    if expect_rdma:
+        out.append(Check("both sides switched to RDMA after HELLO",
+                         client.active and server.active,
+                         f"client {'on' if client.active else 'off'}, "
+                         f"server {'on' if server.active else 'off'}"))
+    for ep in (client, server):
+        cfg, st, ws = ep.config, ep.stats, ep.wire.stats
+        out.append(Check(f"{ep.role}: no receive overrun or lost bytes",
+                         not st.overruns and not st.dropped and
+                         not isinstance(ep.failure, RdmaOverrun),
+                         str(ep.failure) if ep.failure else f"{st.completions} completions"))
+        out.append(Check(f"{ep.role}: no wait ran out", ep.diagnosis is None,
+                         ep.diagnosis or ""))
+        out.append(Check(f"{ep.role}: every SEND <= chunk, in flight <= slots",
+                         st.largest_send <= cfg.chunk and ws.max_in_flight <= cfg.send_slots,
+                         f"largest {st.largest_send}, max in flight {ws.max_in_flight}"))
+        out.append(Check(f"{ep.role}: receive ring never over-filled",
+                         ws.max_landed <= cfg.recv_depth,
+                         f"most waiting {ws.max_landed}, depth {cfg.recv_depth}"))
+    return out
 
 
 def connection_checks(client_endpoints: list, server: InProcessRdmaServer,

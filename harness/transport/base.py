@@ -5,7 +5,12 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 
-class TransportClosed(ConnectionError):
+class TransportError(OSError):
+    """Root of every error this package raises (an OSError: a broken connection to callers
+    that do not care which transport it was)."""
+
+
+class TransportClosed(TransportError, ConnectionError):
     """The peer closed or reset the connection."""
 
 
