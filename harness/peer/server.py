@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Callable, TextIO
 
-from ..transport.base import Transport
+from ..transport.base import Listening, Transport
 from ..transport.tcp import TcpTransport
 from .profile import Profile, profile_for
 from .server_core import ServerConfig, ServerState
@@ -27,7 +27,7 @@ RECV_CHUNK = 1 << 20
 MAX_RECORDS = 4096
 
 
-class ReferenceServer:
+class ReferenceServer(Listening):
     def __init__(self, config: ServerConfig, *, profile: Profile | None = None,
                  host: str = "127.0.0.1", port: int = 0, serial: bool = False,
                  idle_timeout: float = 120.0, out: TextIO | None = None,
@@ -90,24 +90,13 @@ class ReferenceServer:
         if self._lsock is None:
             self.bind()
         self._lsock.settimeout(0.2)
-        while not self._stop.is_set():
-            try:
-                sock, addr = self._lsock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if self._stop.is_set():
-                    break
-                raise
+        for sock, addr in self._accepted():
             tr = TcpTransport(sock, timeout=self.idle_timeout)
             peer = f"{addr[0]}:{addr[1]}"
             if self.serial:
                 self.serve_transport(tr, peer)
             else:
-                t = threading.Thread(target=self.serve_transport, args=(tr, peer),
-                                     name=f"ref-conn-{peer}", daemon=True)
-                self._threads = [x for x in self._threads if x.is_alive()] + [t]
-                t.start()
+                self._spawn(self.serve_transport, (tr, peer), f"ref-conn-{peer}")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -120,13 +109,6 @@ class ReferenceServer:
             self._accept_thread.join(timeout)
         for t in self._threads:
             t.join(timeout)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()
 
     # ------------------------------------------------------------ one connection
     def open_connection(self, peer: str = "?",

@@ -54,25 +54,22 @@ class RdmaOverrun(RdmaError):
     past it) and its remaining count wraps around; the emulator stops here instead.
     """
 
-    def __init__(self, *, completion_index: int, byte_len: int, call_kind: str,
-                 call_size: int, call_remaining: int, stream_offset: int):
-        self.completion_index = completion_index
-        self.byte_len = byte_len
-        self.call_kind = call_kind
-        self.call_size = call_size
-        self.call_remaining = call_remaining
-        self.stream_offset = stream_offset
-        self.excess = byte_len - call_remaining
+    FIELDS = ("completion_index", "byte_len", "call_kind", "call_size", "call_remaining",
+              "stream_offset")
+
+    def __init__(self, **details):
+        if set(details) != set(self.FIELDS):
+            raise TypeError(f"RdmaOverrun needs exactly {', '.join(self.FIELDS)}")
+        vars(self).update(details)
+        self.excess = self.byte_len - self.call_remaining
         super().__init__(
-            f"RDMA overrun: completion #{completion_index} carries {byte_len} bytes but the "
-            f"receiver's {call_kind} read (recv_data of {call_size} bytes) expects only "
-            f"{call_remaining} more, at stream offset {stream_offset}: a whole-completion "
-            f"receiver would write {self.excess} bytes past its buffer")
+            f"RDMA overrun: completion #{self.completion_index} carries {self.byte_len} bytes "
+            f"but the receiver's {self.call_kind} read (recv_data of {self.call_size} bytes) "
+            f"expects only {self.call_remaining} more, at stream offset {self.stream_offset}: "
+            f"a whole-completion receiver would write {self.excess} bytes past its buffer")
 
     def to_dict(self) -> dict:
-        return {k: getattr(self, k) for k in ("completion_index", "byte_len", "call_kind",
-                                              "call_size", "call_remaining", "stream_offset",
-                                              "excess")}
+        return {k: getattr(self, k) for k in self.FIELDS + ("excess",)}
 
 
 class RdmaHang(RdmaError, TimeoutError):

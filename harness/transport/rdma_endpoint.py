@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 from ..capture.transcript import C2S, S2C, Transcript
 from ..proto.dialects import D700, Dialect
-from .base import TransportClosed
+from .base import Listening, TransportClosed
 from .caps import (ADVERTISE, MACOS, WITHHOLD, activates, advertised_caps, gid_for_ipv4,
                    pack_linux, pack_macos, probe_ok, supports_rdma, unpack)
 from .rdma_core import (OLD, REQUEST, RESPONSE, CompletionReader, RdmaConfig, RdmaError,
@@ -401,7 +401,7 @@ def connect_emu(host: str, port: int, config: RdmaConfig = OLD, *, caps_policy: 
                            transcript=Transcript() if record else None, dialect=dialect)
 
 
-class RdmaEmuListener:
+class RdmaEmuListener(Listening):
     """Accepts TCP connections and serves each as an emulated-RDMA server endpoint.
 
     ``serve(endpoint, peer)`` runs one connection (``ReferenceServer.serve_transport``). A
@@ -444,13 +444,7 @@ class RdmaEmuListener:
         return self.port
 
     def _accept_loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                sock, addr = self._lsock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                return
+        for sock, addr in self._accepted():
             try:
                 wire = self.wire_factory(sock) if self.wire_factory else \
                     _RENDEZVOUS.take((addr, sock.getsockname()), self.pair_timeout)
@@ -465,10 +459,7 @@ class RdmaEmuListener:
                                  transcript=Transcript() if self.record else None,
                                  dialect=self.dialect)
             self.endpoints.append(ep)
-            t = threading.Thread(target=self.serve, args=(ep, f"{addr[0]}:{addr[1]}"),
-                                 name=f"rdma-emu-conn-{addr[1]}", daemon=True)
-            self._threads = [x for x in self._threads if x.is_alive()] + [t]
-            t.start()
+            self._spawn(self.serve, (ep, f"{addr[0]}:{addr[1]}"), f"rdma-emu-conn-{addr[1]}")
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
@@ -489,10 +480,3 @@ class RdmaEmuListener:
             ep.close()  # unblocks what still waits: its reads end with EOF
         for t in self._threads:
             t.join(timeout)
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc):
-        self.stop()

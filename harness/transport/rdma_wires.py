@@ -52,6 +52,23 @@ class WireStats:
     max_landed: int = 0  # most unconsumed completions this side's receive ring ever held
 
 
+def queue_send(cond: threading.Condition, in_flight: deque, piece: bytes, slots: int,
+               deadline: float, hang: Callable[[str], Exception], stats: "WireStats", *,
+               gone: Callable[[], bool], lands: Callable[[], bool]) -> None:
+    """Post one SEND (``cond`` held): wait while ``slots`` are in flight, then queue it.
+    ``gone``: the peer's end is closed; ``lands``: it has a receive posted for it now."""
+    while len(in_flight) >= slots and not gone():
+        if not wait_bounded(cond, deadline):
+            raise hang(f"send ring full ({len(in_flight)} of {slots} SENDs in flight)")
+    if gone():
+        raise TransportClosed("the peer closed its end of the RDMA connection")
+    in_flight.append(piece)
+    stats.sends += 1
+    if not lands():
+        stats.rnr_waits += 1
+    stats.max_in_flight = max(stats.max_in_flight, len(in_flight))
+
+
 class Wire:
     """This endpoint's view of one emulated RC connection (both directions).
 
@@ -127,16 +144,8 @@ class MemoryWire(Wire):
     def send(self, piece, slots, deadline, hang) -> None:
         tx = self.tx
         with tx.cond:
-            while len(tx.in_flight) >= slots and not tx.receiver_gone:
-                if not wait_bounded(tx.cond, deadline):
-                    raise hang(f"send ring full ({len(tx.in_flight)} of {slots} SENDs in flight)")
-            if tx.receiver_gone:
-                raise TransportClosed("the peer closed its end of the RDMA connection")
-            tx.in_flight.append(piece)
-            tx.stats.sends += 1
-            if not (tx.posted and tx.reachable):
-                tx.stats.rnr_waits += 1
-            tx.stats.max_in_flight = max(tx.stats.max_in_flight, len(tx.in_flight))
+            queue_send(tx.cond, tx.in_flight, piece, slots, deadline, hang, tx.stats,
+                       gone=lambda: tx.receiver_gone, lands=lambda: tx.posted and tx.reachable)
             tx.deliver()
 
     def wait_sends(self, deadline, hang) -> None:
@@ -306,16 +315,9 @@ class SocketWire(Wire):
 
     def send(self, piece, slots, deadline, hang) -> None:
         with self.cond:
-            while len(self._in_flight) >= slots and not self._peer_gone:
-                if not wait_bounded(self.cond, deadline):
-                    raise hang(f"send ring full ({len(self._in_flight)} of {slots} SENDs in flight)")
-            if self._peer_gone:
-                raise TransportClosed("the peer closed its end of the RDMA connection")
-            self._in_flight.append(piece)
-            self.stats.sends += 1
-            if not (self._credits and self._reachable):
-                self.stats.rnr_waits += 1
-            self.stats.max_in_flight = max(self.stats.max_in_flight, len(self._in_flight))
+            queue_send(self.cond, self._in_flight, piece, slots, deadline, hang, self.stats,
+                       gone=lambda: self._peer_gone,
+                       lands=lambda: self._credits and self._reachable)
             self.cond.notify_all()
 
     def wait_sends(self, deadline, hang) -> None:
