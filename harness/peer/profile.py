@@ -9,9 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..proto.behaviour import (HASH_ALWAYS, HASH_IF_FLAG, RECEIVE_STREAMED,  # noqa: F401
-                               RECEIVE_WHOLE)
+from ..proto.behaviour import HASH_ALWAYS, HASH_IF_FLAG, RECEIVE_STREAMED, RECEIVE_WHOLE
 from ..proto.dialects import Dialect, get_dialect
+
+# the policy names the peers import from here
+__all__ = ["HASH_ALWAYS", "HASH_IF_FLAG", "RECEIVE_STREAMED", "RECEIVE_WHOLE", "Profile",
+           "profile_for"]
 
 
 @dataclass(frozen=True)

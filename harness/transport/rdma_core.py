@@ -29,9 +29,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Iterator, Sequence
 
-from ..proto.behaviour import (APP, C_NEW, C_OLD, PARTIAL, READ_CALLS,  # noqa: F401
-                               RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECV_POLICIES, SEND_FRAMINGS,
-                               WHOLE_COMPLETION, WRITES, RdmaGeneration)
+from ..proto.behaviour import (APP, C_NEW, PARTIAL, RDMA_PROTO7, RDMA_SEED000, RDMA_V9,
+                               RECV_POLICIES, WHOLE_COMPLETION, WRITES, RdmaGeneration)
 from ..proto.constants import RDMA_CHUNK, RDMA_RX_RING, SET_TENSOR_HEADER_SIZE, Cmd
 from ..proto.dialects import D700, Dialect, get_dialect
 from .base import TransportError
@@ -88,13 +87,14 @@ class RdmaConfig:
     """One side's RDMA data path: a generation (``Dialect.rdma``) plus the device limits and
     the emulator's own switches."""
 
-    name: str = RDMA_PROTO7.name
+    name: str = "custom"
     chunk: int = RDMA_CHUNK  # largest SEND
     send_slots: int = RDMA_PROTO7.send_slots  # SENDs in flight (1 = stop-and-wait)
     recv_depth: int = RDMA_RX_RING  # receive buffers posted at activation
     recv_policy: str = RDMA_PROTO7.recv_policy
     send_framing: str = RDMA_PROTO7.send_framing  # how outgoing bytes become send_data calls
-    read_calls: str = RDMA_PROTO7.read_calls  # which recv_data calls a whole-completion receiver checks against
+    # which recv_data calls a whole-completion receiver checks against
+    read_calls: str = RDMA_PROTO7.read_calls
     on_oversize: str = "raise"  # whole-completion only: "raise" (detect) or "drop" (clamp)
     data_read_piece: int | None = None  # c-new reads: SET_TENSOR data read in such pieces
     timeout: float = 30.0  # every wait
