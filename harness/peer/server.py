@@ -121,14 +121,18 @@ class ReferenceServer(Listening):
         self._log_out("Accepted client connection")
         return ServerProtocol(self.state, self.profile, rec, local_conn_caps=local_conn_caps)
 
-    def finish_connection(self, proto: ServerProtocol) -> ConnectionRecord:
-        """The connection has ended: free its buffers and complete its record."""
+    def finish_connection(self, proto: ServerProtocol,
+                          close: Callable[[], None] | None = None) -> ConnectionRecord:
+        """The connection has ended: free its buffers, ``close`` its transport and complete
+        its record."""
         rec = proto.record
         proto.abort()
         rec.bytes_in = proto.bytes_in
         rec.cache_saves = proto.session.cache_saves
         rec.cache_hits = proto.session.cache_hits
         proto.session.close()
+        if close is not None:
+            close()
         if rec.close_reason is None and rec.commands == 1 and rec.hello_only:
             # The client has nothing more to say after HELLO: it refused our version.
             rec.note = (f"client closed right after HELLO (v{self.config.dialect.version_str}"
@@ -148,8 +152,7 @@ class ReferenceServer(Listening):
         except Exception as e:
             proto.record.close_reason = close_reason_of(e, self.idle_timeout)
         finally:
-            tr.close()
-            self.finish_connection(proto)
+            self.finish_connection(proto, tr.close)
         return proto.record
 
 
