@@ -14,6 +14,7 @@ import pytest
 
 from harness.matrix.cells import expand
 from harness.matrix.model import load_matrix
+from harness.matrix.rdma import InProcessRdmaServer
 from harness.matrix.runner import run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -65,3 +66,36 @@ def test_real_peers_are_skipped_over_emulated_rdma_with_the_reason(tmp_path):
     real = [r for r in rows if "llama-7" in (r["client"], r["server"])]
     assert real and all(r["verdict"] == "skip" and "reference peers in both roles" in r["reason"]
                         for r in real)
+
+
+@pytest.fixture
+def inprocess_server():
+    srv = InProcessRdmaServer("rdma-emu", "9.0.0", None, idle=5)
+    srv.probe_timeout = 0.5  # the planted faults below make the probe wait this long
+    yield srv
+    srv.stop()
+
+
+def test_inprocess_server_liveness_is_a_fresh_connection(inprocess_server):
+    srv = inprocess_server
+    served = len(srv.server.connections)
+    assert srv.poll() is None
+    assert len(srv.server.connections) == served + 1  # the probe was served
+    assert srv.server.connections[-1].commands == 2
+
+
+def test_liveness_fails_when_nobody_accepts(inprocess_server):
+    """Planted: the accept loop has ended but the socket still listens, so a TCP connect
+    alone would succeed (the kernel completes the handshake)."""
+    srv = inprocess_server
+    srv.listener._stop.set()
+    srv.listener._accept.join(5)
+    dead = srv.poll()
+    assert dead is not None and "did not serve a fresh connection" in dead.message
+
+
+def test_liveness_fails_when_the_server_is_gone(inprocess_server):
+    srv = inprocess_server
+    srv.listener.stop()  # planted: closed under the cell, not through srv.stop()
+    dead = srv.poll()
+    assert dead is not None and "ConnectionRefusedError" in dead.message

@@ -19,6 +19,7 @@ from harness.capture.canonical import canonical, first_divergence
 from harness.capture.transcript import C2S, S2C
 from harness.impls.driver import ClientAborted, digest, make_fill
 from harness.impls.ref_client import RefClientDriver
+from harness.matrix.rdma import rdma_checks
 from harness.peer.knobs import Misbehaviour
 from harness.peer.server import ConnectionRecord, ReferenceServer
 from harness.peer.server_core import ServerConfig
@@ -186,7 +187,7 @@ def test_session_over_emulated_rdma_equals_tcp(dialect, client_gen, server_gen):
     assert caps.unpack_linux(c_caps).qpn == run.pair.client.qpn
     assert caps.unpack_linux(s_caps).qpn == run.pair.server.qpn
     # RDMA-specific checks: no overrun, no wait ran out, SEND and ring bounds
-    bad = [c for c in run.pair.checks() if not c.ok]
+    bad = [c for c in rdma_checks(run.pair.client, run.pair.server) if not c.ok]
     assert not bad, bad
     assert run.pair.client.stats.largest_send == 256 * 1024  # 3 MiB went out in chunks
     assert run.pair.client.stats.sends > 3 * MiB // (256 * 1024)
@@ -204,7 +205,7 @@ def test_session_over_the_socketpair_fabric(dialect, client_gen, server_gen):
     run = run_session(session_steps(), client_dialect=dialect, client_cfg=GENS[client_gen],
                       server_cfg=GENS[server_gen], fabric=SOCKET)
     check_session(run, dialect)
-    assert all(c.ok for c in run.pair.checks())
+    assert all(c.ok for c in rdma_checks(run.pair.client, run.pair.server))
     assert first_divergence(canonical_without_caps(tcp_baseline(dialect)),
                             canonical_without_caps(run)) is None
 
@@ -291,6 +292,6 @@ def test_large_upload_and_download(client_gen, server_gen):
     run = run_session(steps, client_dialect="7.0.0+flags", client_cfg=GENS[client_gen],
                       server_cfg=GENS[server_gen], timeout=30)
     assert run.error is None and run.results[-1] == digest(make_fill(fill, size))
-    assert all(c.ok for c in run.pair.checks())
+    assert all(c.ok for c in rdma_checks(run.pair.client, run.pair.server))
     # 80 chunks each way through a 24-deep ring
     assert run.pair.client.stats.sends >= 80 and run.pair.server.stats.sends >= 80

@@ -13,12 +13,15 @@ import io
 from pathlib import Path
 
 from ..impls.driver import ExitInfo
+from ..peer.client import RefClient
 from ..peer.server import ReferenceServer
 from ..peer.server_core import ServerConfig
 from ..proto import get_dialect
-from ..transport.rdma_emu import (RdmaEmuListener, config_for_dialect, connect_emu,
-                                  rdma_checks)
+from ..transport.rdma_core import RdmaOverrun, config_for_dialect
+from ..transport.rdma_endpoint import RdmaEmuEndpoint, RdmaEmuListener, connect_emu
 from .scenario import Check
+
+PROBE_TIMEOUT = 5.0  # every wait of a liveness probe
 
 
 def unavailable(transport: str, client_kind: str, server_kind: str) -> str | None:
@@ -52,6 +55,8 @@ class InProcessRdmaServer:
             self.listener = RdmaEmuListener(self.server.serve_transport,
                                             config_for_dialect(dialect), timeout=idle,
                                             record=True, dialect=dialect)
+        self.probe_timeout = PROBE_TIMEOUT
+        self._exit: ExitInfo | None = None
         self.port = self.listener.start()
         self.endpoint = f"127.0.0.1:{self.port}"
 
@@ -65,7 +70,25 @@ class InProcessRdmaServer:
                                         record=True, dialect=client_dialect)
 
     def poll(self) -> ExitInfo | None:
-        return None  # in-process: an exception in a connection thread is a closed connection
+        """None while the server serves: a fresh connection gets HELLO and DEVICE_COUNT
+        answered (a TCP connect alone would succeed on a listening socket nobody accepts
+        from). How it ended otherwise."""
+        if self._exit is not None:
+            return self._exit
+        client = None
+        try:
+            client = RefClient(self.connect(self.dialect, self.probe_timeout)(
+                "127.0.0.1", self.port), self.dialect)
+            client.hello()
+            client.device_count()
+        except Exception as e:  # noqa: BLE001 - any failure of the probe is the answer
+            return ExitInfo(returncode=None, message=f"the in-process {self.name} did not "
+                            f"serve a fresh connection: {type(e).__name__}: {e}",
+                            log_tail=self.log_tail())
+        finally:
+            if client is not None:
+                client.close()
+        return None
 
     def log_tail(self, n: int = 20) -> list[str]:
         return self.err.getvalue().splitlines()[-n:]
@@ -75,7 +98,34 @@ class InProcessRdmaServer:
 
     def stop(self, timeout: float = 5.0) -> ExitInfo:
         self.listener.stop(timeout)
-        return ExitInfo(returncode=0)
+        self._exit = ExitInfo(returncode=0)
+        return self._exit
+
+
+def rdma_checks(client: RdmaEmuEndpoint, server: RdmaEmuEndpoint, *,
+                expect_rdma: bool = True) -> list[Check]:
+    """What must hold on an emulated-RDMA connection besides the scenario's own checks."""
+    out = []
+    if expect_rdma:
+        out.append(Check("both sides switched to RDMA after HELLO",
+                         client.active and server.active,
+                         f"client {'on' if client.active else 'off'}, "
+                         f"server {'on' if server.active else 'off'}"))
+    for ep in (client, server):
+        cfg, st, ws = ep.config, ep.stats, ep.wire.stats
+        out.append(Check(f"{ep.role}: no receive overrun or lost bytes",
+                         not st.overruns and not st.dropped and
+                         not isinstance(ep.failure, RdmaOverrun),
+                         str(ep.failure) if ep.failure else f"{st.completions} completions"))
+        out.append(Check(f"{ep.role}: no wait ran out", ep.diagnosis is None,
+                         ep.diagnosis or ""))
+        out.append(Check(f"{ep.role}: every SEND <= chunk, in flight <= slots",
+                         st.largest_send <= cfg.chunk and ws.max_in_flight <= cfg.send_slots,
+                         f"largest {st.largest_send}, max in flight {ws.max_in_flight}"))
+        out.append(Check(f"{ep.role}: receive ring never over-filled",
+                         ws.max_landed <= cfg.recv_depth,
+                         f"most waiting {ws.max_landed}, depth {cfg.recv_depth}"))
+    return out
 
 
 def connection_checks(client_endpoints: list, server: InProcessRdmaServer,

@@ -23,6 +23,7 @@ from ..proto.errors import RemoteProtocolError
 from ..proto.tensor import RpcTensor
 from ..transport.base import Transport, TransportClosed
 from ..transport.tcp import TcpTransport
+from .errors import PeerError
 from .knobs import Misbehaviour
 from .profile import HASH_ALWAYS, HASH_IF_FLAG, Profile, profile_for
 
@@ -30,7 +31,7 @@ RECV_CHUNK = 1 << 20
 STREAM_RESPONSE_AT = 1 << 16  # GET_TENSOR answers at least this big are received in place
 
 
-class VersionRejected(Exception):
+class VersionRejected(PeerError):
     """The server's HELLO fails this client's version rule (the C client aborts here)."""
 
     def __init__(self, client: tuple, server: tuple):
@@ -39,7 +40,7 @@ class VersionRejected(Exception):
         super().__init__("RPC server version mismatch: %d.%d.%d" % server)
 
 
-class ServerClosed(Exception):
+class ServerClosed(PeerError):
     """The server closed the connection where an answer was due (the C client aborts)."""
 
 

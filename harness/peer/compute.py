@@ -20,17 +20,21 @@ import numpy as np
 
 from ..proto import ggml
 from ..proto.tensor import RpcTensor, nbytes
+from .errors import PeerError
 from .memory import Buffer
 
-NUMPY_TYPES = {ggml.TYPE_F32: np.float32, ggml.TYPE_F16: np.float16, ggml.TYPE_I32: np.int32}
-NO_OPS = {ggml.OP["NONE"], ggml.OP["RESHAPE"], ggml.OP["VIEW"], ggml.OP["PERMUTE"],
-          ggml.OP["TRANSPOSE"]}
-SUPPORTED_OPS = NO_OPS | {ggml.OP[n] for n in ("ADD", "MUL", "SCALE", "CPY", "DUP", "CONT",
-                                                "MUL_MAT", "GET_ROWS")}
+# By name: ids come from the numbering of the dialect the graph was sent in.
+NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
+NO_OPS = frozenset({"NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"})
+SUPPORTED_OPS = NO_OPS | {"ADD", "MUL", "SCALE", "CPY", "DUP", "CONT", "MUL_MAT", "GET_ROWS"}
 MAX_ELEMENTS = 1 << 28  # per operand: keeps a hostile graph from making numpy allocate GiBs
 
 
-class UnsupportedGraph(Exception):
+def supports_op(op_id: int, numbering: ggml.Numbering = ggml.GGML_7) -> bool:
+    return numbering.op_name(op_id) in SUPPORTED_OPS
+
+
+class UnsupportedGraph(PeerError):
     """The graph cannot be executed safely; the server closes the connection."""
 
 
@@ -38,8 +42,18 @@ class UnsupportedGraph(Exception):
 class ServerTensor:
     rec: RpcTensor
     buffer: Buffer | None
+    numbering: ggml.Numbering = ggml.GGML_7
     src: list = field(default_factory=lambda: [None] * ggml.MAX_SRC)
     view_src: "ServerTensor | None" = None
+
+    @property
+    def op(self) -> str:
+        return self.numbering.op_name(self.rec.op)
+
+    @property
+    def type_name(self) -> str:
+        """The name of the tensor's type."""
+        return self.numbering.types[self.rec.type].name
 
     @property
     def label(self) -> str:
@@ -50,9 +64,9 @@ class ServerTensor:
 def tensor_array(t: ServerTensor) -> np.ndarray:
     """A numpy view of the tensor's bytes in its buffer (no copy)."""
     rec = t.rec
-    dtype = NUMPY_TYPES.get(rec.type)
+    dtype = NUMPY_TYPES.get(t.type_name)
     if dtype is None:
-        raise UnsupportedGraph(f"tensor {t.label}: type {ggml.TYPES[rec.type].name} is not "
+        raise UnsupportedGraph(f"tensor {t.label}: type {t.type_name} is not "
                                "computed by the reference server")
     if t.buffer is None:
         raise UnsupportedGraph(f"tensor {t.label} has no buffer on this server")
@@ -89,7 +103,7 @@ def _store(dst: ServerTensor, value: np.ndarray) -> None:
 def _src(node: ServerTensor, i: int) -> ServerTensor:
     s = node.src[i]
     if s is None:
-        raise UnsupportedGraph(f"node {node.label}: op {ggml.OPS[node.rec.op]} needs src[{i}]")
+        raise UnsupportedGraph(f"node {node.label}: op {node.op} needs src[{i}]")
     return s
 
 
@@ -102,20 +116,19 @@ def execute(nodes: list[ServerTensor]) -> list[str]:
         rec = node.rec
         if not rec.flags & ggml.FLAG_COMPUTE:
             continue  # the CPU backend only computes nodes that carry the COMPUTE flag
-        if rec.op not in SUPPORTED_OPS:
-            name = ggml.OPS[rec.op] if rec.op < ggml.OP_COUNT else str(rec.op)
-            raise UnsupportedGraph(f"node {node.label}: op {name} is not supported by the "
+        op = node.op
+        if op not in SUPPORTED_OPS:
+            raise UnsupportedGraph(f"node {node.label}: op {op} is not supported by the "
                                    "reference server")
-        if rec.op in NO_OPS:
+        if op in NO_OPS:
             continue
-        skipped = _execute_node(node)
+        skipped = _execute_node(node, op)
         if skipped:
-            warnings.append(f"node {node.label} ({ggml.OPS[rec.op]}) skipped: {skipped}")
+            warnings.append(f"node {node.label} ({op}) skipped: {skipped}")
     return warnings
 
 
-def _execute_node(node: ServerTensor) -> str | None:
-    op = ggml.OPS[node.rec.op]
+def _execute_node(node: ServerTensor, op: str) -> str | None:
     dst_ne = node.rec.ne
     if op in ("ADD", "MUL"):
         a, b = _src(node, 0), _src(node, 1)
@@ -145,7 +158,7 @@ def _execute_node(node: ServerTensor) -> str | None:
             return "inconsistent shapes"
         x = tensor_array(a).astype(np.float32)  # (a3, a2, m, k)
         y = tensor_array(b)  # (b3, b2, n, k)
-        if a.rec.type == ggml.TYPE_F16:
+        if a.type_name == "f16":
             # the CPU backend converts src1 to src0's dot type (f16) before the dot products
             y = y.astype(np.float16)
         y = y.astype(np.float32)
@@ -153,7 +166,7 @@ def _execute_node(node: ServerTensor) -> str | None:
         _store(node, np.matmul(y, np.swapaxes(x, -1, -2)))  # (b3, b2, n, m)
     elif op == "GET_ROWS":
         a, idx = _src(node, 0), _src(node, 1)
-        if idx.rec.type != ggml.TYPE_I32:
+        if idx.type_name != "i32":
             return "row indices are not i32"
         ne00, ne01, ne02, ne03 = a.rec.ne
         n, ne11, ne12, _ = idx.rec.ne

@@ -12,13 +12,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import PeerError
+
 HANDLE_BASE = 0x5A00_0000_0000  # buffer handles ("ggml_backend_buffer_t")
 DATA_BASE = 0x7A00_0000_0000  # buffer memory
 GUARD = 1 << 20  # unmapped gap after each buffer's memory
 ALIGNMENT = 32  # what the CPU backend reports
 
 
-class OutOfMemory(Exception):
+class OutOfMemory(PeerError):
     pass
 
 

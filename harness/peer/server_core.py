@@ -14,19 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..proto import ggml, messages as m
+from ..proto import messages as m
 from ..proto.constants import SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import Dialect
 from ..proto.tensor import U64, RpcTensor, nbytes
 from .cache import CacheWriter, HashCache
-from .compute import SUPPORTED_OPS, ServerTensor, UnsupportedGraph, execute
+from .compute import ServerTensor, UnsupportedGraph, execute, supports_op
+from .errors import PeerError
 from .knobs import Misbehaviour
 from .memory import ALIGNMENT, Buffer, MemoryPool, OutOfMemory
 
 INT64_MAX = (1 << 63) - 1
 
 
-class Close(Exception):
+class Close(PeerError):
     """Close this connection; ``reason`` is logged. The server keeps serving others."""
 
     def __init__(self, reason: str, command: str | None = None):
@@ -126,9 +127,10 @@ class Session:
     def deserialize(self, rec: RpcTensor, cmd: Cmd) -> ServerTensor:
         """deserialize_tensor (spec 3.2)."""
         where = f"[{cmd.value.lower()}]"
-        if rec.type >= ggml.TYPE_COUNT:
+        traits = self.dialect.numbering.type_traits(rec.type)
+        if traits is None:
             raise Close(f"{where} invalid tensor type received: {rec.type}", cmd.value)
-        if ggml.TYPES[rec.type].blck_size == 0:
+        if traits.blck_size == 0:
             raise Close(f"{where} invalid tensor type received (blck_size is 0): {rec.type}",
                         cmd.value)
         count = rec.ne[0] * rec.ne[1] * rec.ne[2] * rec.ne[3]
@@ -141,7 +143,7 @@ class Session:
                 # 7.0.0 aborts on this GGML_ASSERT; 8.0.0 closes; the reference closes.
                 raise Close(f"{where} tensor data [0x{rec.data:x}, +{size}) outside its buffer "
                             f"[0x{buf.base:x}, +{buf.size})", cmd.value)
-        return ServerTensor(rec, buf)
+        return ServerTensor(rec, buf, self.dialect.numbering)
 
     def _live_tensor(self, rec: RpcTensor, cmd: Cmd) -> ServerTensor:
         t = self.deserialize(rec, cmd)
@@ -383,7 +385,7 @@ class Session:
         for s in msg.srcs:
             if s.id:
                 self.deserialize(s, Cmd.GET_DEVICE_SUPPORTS_OP)
-        return m.SupportsOpResponse(int(msg.op.op in SUPPORTED_OPS))
+        return m.SupportsOpResponse(int(supports_op(msg.op.op, self.dialect.numbering)))
 
     def _span_2d(self, msg, cmd: Cmd, data_len: int | None):
         """SET/GET_TENSOR_2D checks (spec 12.2); returns (buffer, first absolute address)."""

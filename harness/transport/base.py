@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import socket
+import threading
 from typing import Protocol, Sequence
 
 
-class TransportClosed(ConnectionError):
+class TransportError(OSError):
+    """Root of every error this package raises (an OSError: a broken connection to callers
+    that do not care which transport it was)."""
+
+
+class TransportClosed(TransportError, ConnectionError):
     """The peer closed or reset the connection."""
 
 
@@ -28,6 +35,42 @@ class Transport(Protocol):
     def shutdown_write(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class Listening:
+    """``with listener:`` starts it (``start``) and stops it on the way out (``stop``).
+    Connections run in threads kept in ``_threads`` (finished ones are dropped as new ones
+    start, so a long-running listener does not grow)."""
+
+    _threads: list[threading.Thread]
+    _stop: threading.Event
+    _lsock: socket.socket | None
+
+    def _accepted(self):
+        """``(sock, addr)`` of each new connection until ``_stop`` is set (the listening socket
+        has a timeout, so the flag is seen within it)."""
+        while not self._stop.is_set():
+            try:
+                conn = self._lsock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                if self._stop.is_set():
+                    return
+                raise
+            yield conn
+
+    def _spawn(self, serve, args: tuple, name: str) -> None:
+        t = threading.Thread(target=serve, args=args, name=name, daemon=True)
+        self._threads = [x for x in self._threads if x.is_alive()] + [t]
+        t.start()
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
 
 
 def recv_exact_into(tr: Transport, buf: memoryview) -> int:

@@ -1,0 +1,7 @@
+"""The root of the reference peer's errors, so a caller can catch any of them at once."""
+
+from __future__ import annotations
+
+
+class PeerError(Exception):
+    """Base of every error ``harness.peer`` raises (codec errors stay ProtocolError)."""

@@ -1,0 +1,126 @@
+"""The dialect table: one complete row per dialect, and the code that follows it.
+
+Every dialect the codec knows is a row of ``harness.proto.dialects.DIALECTS`` holding its wire
+switches, its peers' behaviour, its RDMA generation and its ggml numbering. The reference
+peers and the RDMA transport read those fields, never the dialect's name: a throw-away
+dialect defined here gets its own behaviour without any other file changing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import pytest
+
+from harness.peer.profile import profile_for
+from harness.peer.server_core import Close, ServerConfig, ServerState, Session
+from harness.proto import dialects, messages as m
+from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, OLD_PEERS, PARTIAL,
+                                     RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECEIVE_STREAMED,
+                                     PeerBehaviour, RdmaGeneration)
+from harness.proto.dialects import DIALECTS, Dialect, get_dialect
+from harness.proto.ggml import GGML_7, NUMBERINGS, Numbering, TypeTraits
+from harness.proto.tensor import RpcTensor
+from harness.transport.rdma_core import RdmaConfig, config_for_dialect
+
+# the fields a row may leave empty
+OPTIONAL = {("rdma", "data_read_piece")}
+
+
+def missing_rows(namespace, table: dict) -> list[str]:
+    """Dialects defined in ``namespace`` that the table does not list."""
+    listed = {id(d) for d in table.values()}
+    return [name for name, v in vars(namespace).items()
+            if isinstance(v, Dialect) and id(v) not in listed]
+
+
+def empty_fields(d: Dialect) -> list[str]:
+    """Fields of a row (and of its behaviour records) that are None."""
+    out = []
+    for f in dataclasses.fields(d):
+        v = getattr(d, f.name)
+        if v is None:
+            out.append(f.name)
+        elif dataclasses.is_dataclass(v):
+            out += [f"{f.name}.{g.name}" for g in dataclasses.fields(v)
+                    if getattr(v, g.name) is None and (f.name, g.name) not in OPTIONAL]
+    return out
+
+
+def test_every_defined_dialect_has_a_row():
+    assert not missing_rows(dialects, DIALECTS)
+    assert all(DIALECTS[name].name == name for name in DIALECTS)
+
+
+def test_the_row_check_fails_on_a_dialect_left_out_of_the_table():
+    planted = types.SimpleNamespace(D700=dialects.D700,
+                                    DX=dataclasses.replace(dialects.D700, name="x"))
+    assert missing_rows(planted, {"7.0.0": dialects.D700}) == ["DX"]
+
+
+@pytest.mark.parametrize("name", list(DIALECTS))
+def test_every_row_is_complete(name):
+    d = DIALECTS[name]
+    assert not empty_fields(d)
+    assert isinstance(d.peer, PeerBehaviour) and isinstance(d.rdma, RdmaGeneration)
+    assert NUMBERINGS[d.numbering.name] is d.numbering
+
+
+def test_the_field_check_fails_on_an_empty_field():
+    planted = dataclasses.replace(dialects.D900, rdma=dataclasses.replace(RDMA_V9, name=None))
+    assert empty_fields(planted) == ["rdma.name"]
+    assert empty_fields(dataclasses.replace(dialects.D900, evidence=None)) == ["evidence"]
+
+
+def test_a_row_cannot_leave_out_its_behaviour():
+    with pytest.raises(TypeError, match="peer|rdma|numbering"):
+        Dialect("x", (1, 0, 0), {}, peer=OLD_PEERS, rdma=RDMA_PROTO7)
+
+
+def test_todays_rows_keep_their_behaviour():
+    """The values the peers and the RDMA emulator used before the table (by name)."""
+    load_opt = {"7.0.0+flags", "9.0.0"}
+    for name, d in DIALECTS.items():
+        assert d.peer is (LOAD_OPT_PEERS if name in load_opt else OLD_PEERS), name
+        assert d.rdma is {"7.0.0+flags": RDMA_SEED000, "9.0.0": RDMA_V9}.get(name, RDMA_PROTO7)
+        assert d.numbering is GGML_7
+
+
+@pytest.mark.parametrize("name", list(DIALECTS))
+def test_peers_and_rdma_follow_the_row(name):
+    d = DIALECTS[name]
+    p = profile_for(d)
+    assert (p.client_hash, p.server_receive, p.server_chunk, p.client_zero_copy) == \
+        dataclasses.astuple(d.peer)
+    assert config_for_dialect(d).generation == d.rdma
+    assert config_for_dialect(name) is RdmaConfig.of(d.rdma)
+
+
+# A throw-away dialect: one row, nothing else touched.
+RING4 = RdmaGeneration("test-ring-4", send_slots=4, recv_policy=PARTIAL, send_framing=C_NEW,
+                       read_calls=C_OLD)
+TINY_GGML = Numbering("test-tiny", (TypeTraits("f32", 4, 1),), ("NONE", "ADD"))
+D_TEST = Dialect("10.0.0-test", (10, 0, 0), dialects.D900.ids, graph_uid=True,
+                 server_flags=True, peer=LOAD_OPT_PEERS, rdma=RING4, numbering=TINY_GGML)
+
+
+def test_a_new_dialect_is_one_row():
+    p = profile_for(D_TEST)
+    assert p.server_receive == RECEIVE_STREAMED and p.client_zero_copy
+    cfg = config_for_dialect(D_TEST)
+    assert (cfg.name, cfg.send_slots, cfg.recv_policy, cfg.send_framing, cfg.read_calls) == \
+        ("test-ring-4", 4, PARTIAL, C_NEW, C_OLD)
+    assert get_dialect(D_TEST) is D_TEST
+
+
+def test_the_server_validates_types_in_the_rows_numbering():
+    """Type 1 (f16) exists in the 7.0.0 numbering but not in the test dialect's."""
+    tensor = RpcTensor(id=1, type=1, buffer=0, ne=(4, 1, 1, 1), nb=(2, 8, 8, 8), data=0)
+    for d, ok in ((dialects.D900, True), (D_TEST, False)):
+        session = Session(ServerState(ServerConfig(dialect=d)))
+        if ok:
+            session.handle(m.InitTensorRequest(tensor))
+        else:
+            with pytest.raises(Close, match="invalid tensor type received: 1"):
+                session.handle(m.InitTensorRequest(tensor))
