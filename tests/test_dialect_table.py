@@ -16,7 +16,8 @@ import pytest
 from harness.peer.profile import profile_for
 from harness.peer.server_core import Close, ServerConfig, ServerState, Session
 from harness.proto import dialects, messages as m
-from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, OLD_PEERS, PARTIAL,
+from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS,
+                                     PEERS_8, PARTIAL,
                                      RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECEIVE_STREAMED,
                                      PeerBehaviour, RdmaGeneration)
 from harness.proto.dialects import DIALECTS, Dialect, get_dialect
@@ -80,9 +81,9 @@ def test_a_row_cannot_leave_out_its_behaviour():
 
 def test_todays_rows_keep_their_behaviour():
     """The values the peers and the RDMA emulator used before the table (by name)."""
-    load_opt = {"7.0.0+flags", "9.0.0"}
+    peers = {"7.0.0+flags": LOAD_OPT_PEERS, "8.0.0": PEERS_8, "9.0.0": LOAD_OPT_PEERS_9}
     for name, d in DIALECTS.items():
-        assert d.peer is (LOAD_OPT_PEERS if name in load_opt else OLD_PEERS), name
+        assert d.peer is peers.get(name, OLD_PEERS), name
         assert d.rdma is {"7.0.0+flags": RDMA_SEED000, "9.0.0": RDMA_V9}.get(name, RDMA_PROTO7)
         assert d.numbering is GGML_7
 
@@ -91,8 +92,8 @@ def test_todays_rows_keep_their_behaviour():
 def test_peers_and_rdma_follow_the_row(name):
     d = DIALECTS[name]
     p = profile_for(d)
-    assert (p.client_hash, p.server_receive, p.server_chunk, p.client_zero_copy) == \
-        dataclasses.astuple(d.peer)
+    fields = ("client_hash", "server_receive", "server_chunk", "client_zero_copy")
+    assert [getattr(p, f) for f in fields] == [getattr(d.peer, f) for f in fields]
     assert config_for_dialect(d).generation == d.rdma
     assert config_for_dialect(name) is RdmaConfig.of(d.rdma)
 

@@ -246,10 +246,13 @@ class Session:
         cache = self.state.cache
         if self.state.config.knobs.claim_cache_hit:
             return m.SetTensorHashResponse(1)
+        t = None
+        if self.dialect.peer.server_hash_checks_tensor:
+            t = self._live_tensor(msg.tensor, Cmd.SET_TENSOR_HASH)
         size = cache.size(msg.hash) if cache is not None else None
         if size is None:
-            return m.SetTensorHashResponse(0)  # nothing is validated on a miss
-        t = self._live_tensor(msg.tensor, Cmd.SET_TENSOR_HASH)
+            return m.SetTensorHashResponse(0)  # a lookup-first server validates nothing here
+        t = t or self._live_tensor(msg.tensor, Cmd.SET_TENSOR_HASH)
         start = self._region(t, msg.offset, size, Cmd.SET_TENSOR_HASH)
         cache.read_into(msg.hash, t.buffer.view(start, size))
         self.cache_hits += 1

@@ -11,7 +11,7 @@ read them from the row, never from the dialect's name.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .constants import RDMA_TX_SLOTS_NEW, RDMA_TX_SLOTS_OLD, SERVER_STREAM_CHUNK_9
 
@@ -53,6 +53,9 @@ class PeerBehaviour:
     server_receive: str  # RECEIVE_WHOLE / RECEIVE_STREAMED
     server_chunk: int  # bytes per receive step when streaming into staging memory
     client_zero_copy: bool  # header and caller's data written separately, no staging copy
+    # SET_TENSOR_HASH: the server reads (validates) the tensor before the cache lookup, so a
+    # bad tensor closes even without a cache (8.0.0 [V p8]); 7.0.0 looks up first [V]
+    server_hash_checks_tensor: bool
 
     def __post_init__(self):
         _one_of(self.client_hash, HASH_POLICIES, "client_hash")
@@ -84,11 +87,17 @@ class RdmaGeneration:
 
 # proto 7 and 8: hash every big upload, read the whole payload, one staged message
 OLD_PEERS = PeerBehaviour(client_hash=HASH_ALWAYS, server_receive=RECEIVE_WHOLE,
-                          server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=False)
+                          server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=False,
+                          server_hash_checks_tensor=False)
+# 8.0.0: as proto 7, but SET_TENSOR_HASH validates its tensor first (recorded from p8)
+PEERS_8 = replace(OLD_PEERS, server_hash_checks_tensor=True)
 # seed 000 and 9.0.0 carry the load-time changes: hash only when the server caches, validate
 # the header first, header and caller's buffer written separately
 LOAD_OPT_PEERS = PeerBehaviour(client_hash=HASH_IF_FLAG, server_receive=RECEIVE_STREAMED,
-                               server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=True)
+                               server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=True,
+                               server_hash_checks_tensor=False)
+# 9.0.0 is built on 8.0.0, so its SET_TENSOR_HASH is 8.0.0's [INF]
+LOAD_OPT_PEERS_9 = replace(LOAD_OPT_PEERS, server_hash_checks_tensor=True)
 
 # proto 7 (and 8): stop-and-wait, whole-completion receive, C framing of proto 7
 RDMA_PROTO7 = RdmaGeneration("proto-7", send_slots=RDMA_TX_SLOTS_OLD,

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from .behaviour import (LOAD_OPT_PEERS, OLD_PEERS, RDMA_PROTO7, RDMA_SEED000, RDMA_V9,
+from .behaviour import (LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS, PEERS_8, RDMA_PROTO7,
+                        RDMA_SEED000, RDMA_V9,
                         PeerBehaviour, RdmaGeneration)
 from .constants import Cmd
 from .errors import LocalProtocolError
@@ -100,11 +101,12 @@ D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60
 D700F = Dialect("7.0.0+flags", (7, 0, 0), _IDS_5, server_flags=True,
                 evidence="[SEED0] HELLO byte 3 = server flags, no version bump",
                 peer=LOAD_OPT_PEERS, rdma=RDMA_SEED000, numbering=GGML_7)
-D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True, evidence="[S8] ggml sync diff",
-               **_OLD)
+D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True,
+               evidence="[V] real b11739 (p8): interop byte for byte, conformance-8.0.0.json",
+               peer=PEERS_8, rdma=RDMA_PROTO7, numbering=GGML_7)
 D900 = Dialect("9.0.0", (9, 0, 0), _IDS_8, graph_uid=True, server_flags=True,
                evidence="[SEED1] + [INF]: 8.0.0 plus the flags byte, major 9",
-               peer=LOAD_OPT_PEERS, rdma=RDMA_V9, numbering=GGML_7)
+               peer=LOAD_OPT_PEERS_9, rdma=RDMA_V9, numbering=GGML_7)
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F, D800, D900)}
 # The four dialects the reference peer is held to byte-exactness for.
