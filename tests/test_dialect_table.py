@@ -21,7 +21,7 @@ from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEER
                                      RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECEIVE_STREAMED,
                                      PeerBehaviour, RdmaGeneration)
 from harness.proto.dialects import DIALECTS, Dialect, get_dialect
-from harness.proto.ggml import GGML_7, NUMBERINGS, Numbering, TypeTraits
+from harness.proto.ggml import GGML_7, GGML_361, GGML_402, NUMBERINGS, Numbering, TypeTraits
 from harness.proto.tensor import RpcTensor
 from harness.transport.rdma_core import RdmaConfig, config_for_dialect
 
@@ -85,7 +85,7 @@ def test_todays_rows_keep_their_behaviour():
     for name, d in DIALECTS.items():
         assert d.peer is peers.get(name, OLD_PEERS), name
         assert d.rdma is {"7.0.0+flags": RDMA_SEED000, "9.0.0": RDMA_V9}.get(name, RDMA_PROTO7)
-        assert d.numbering is GGML_7
+        assert d.numbering is {"3.6.1": GGML_361, "4.0.2": GGML_402}.get(name, GGML_7)
 
 
 @pytest.mark.parametrize("name", list(DIALECTS))

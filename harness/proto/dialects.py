@@ -24,7 +24,7 @@ from .behaviour import (LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS, PEERS_8, RD
                         PeerBehaviour, RdmaGeneration)
 from .constants import Cmd
 from .errors import LocalProtocolError
-from .ggml import GGML_7, Numbering
+from .ggml import GGML_7, GGML_361, GGML_402, Numbering
 
 Version = tuple[int, int, int]
 
@@ -82,15 +82,17 @@ class Dialect:
         return self.name
 
 
-# Rows before 7.0.0 have no RDMA transport upstream; they keep the proto-7 generation so an
-# emulated-RDMA cell of theirs behaves as the old data path. All rows use the one ggml
-# numbering transcribed so far (the 7.0.0 tree).
+# Every row up to 8.0.0 has the proto-7 RDMA data path (RDMA arrived in 4.0.0; 3.6.1 has none,
+# and its emulated-RDMA cells behave as the old path). Numberings were read from each release's
+# real build (harness.proto.ggml).
 _OLD = dict(peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_7)
 
 D361 = Dialect("3.6.1", (3, 6, 1), _BASE_IDS, hello_caps=False, cache_flag=False,
-               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer", **_OLD)
+               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer",
+               peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_361)
 D402 = Dialect("4.0.2", (4, 0, 2), _BASE_IDS, cache_flag=False, acked=_ACKED_OLD,
-               evidence="upstream history (NOTES 2); real 0.3.34 peer", **_OLD)
+               evidence="upstream history (NOTES 2); real 0.3.34 peer",
+               peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_402)
 D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
                evidence="upstream history (NOTES 2); real 0.3.35 peer", **_OLD)
 D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,

@@ -2,8 +2,10 @@
 
 Ids are positional in ggml.h, so they are kept as ordered tuples: the index is the id. A
 :class:`Numbering` is one ggml tree's pair of tables; every dialect names the numbering it
-uses (``Dialect.numbering``). Only the 7.0.0 tree is transcribed today (``GGML_7``): a later
-numbering read from a real build is one more ``Numbering(...)`` entry in ``NUMBERINGS``. The
+uses (``Dialect.numbering``). Every table here was read from a real build's library and
+header (tests/test_ggml_numbering.py holds each pin to its dialect's table): the 3.6.1 and
+4.0.2 trees number their ops differently from 7.0.0; 5.0.0 to 8.0.0 share 7.0.0's tables. A
+new numbering is one more ``Numbering(...)`` entry in ``NUMBERINGS``. The
 module-level names (``TYPES``, ``OPS``, ``OP``, ...) are the 7.0.0 tables, for callers that
 have no dialect at hand.
 """
@@ -121,8 +123,14 @@ class Numbering:
         return (nb0, nb1, nb2, nb3)
 
 
-GGML_7 = Numbering("7.0.0", TYPES, OPS)
-NUMBERINGS: dict[str, Numbering] = {n.name: n for n in (GGML_7,)}
+GGML_7 = Numbering("7.0.0", TYPES, OPS)  # also 5.0.0, 6.0.0 and 8.0.0 (b11739) [V]
+# The older trees lack ops that 7.0.0 inserted in the middle of the enum, so every later id
+# shifts: the same op number means another op across them [V: p3, p4 headers and libraries].
+GGML_402 = Numbering("4.0.2", TYPES, tuple(
+    o for o in OPS if o not in {"DSV4_HC_COMB", "DSV4_HC_PRE", "DSV4_HC_POST"}))
+GGML_361 = Numbering("3.6.1", TYPES[:41], tuple(
+    o for o in GGML_402.ops if o not in {"COL2IM_1D", "LIGHTNING_INDEXER"}))
+NUMBERINGS: dict[str, Numbering] = {n.name: n for n in (GGML_361, GGML_402, GGML_7)}
 
 # The 7.0.0 tree's helpers under their historical module-level names.
 type_traits = GGML_7.type_traits
