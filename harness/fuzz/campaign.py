@@ -39,6 +39,7 @@ from .case import Case
 from .execute import REFUSED, Outcome
 from .generate import cases
 from .replay import load, replay
+from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .runner import CaseRunner, Verdict, culprit
 from .shrink import Budget, minimise_case, save_reproducer, transcript_of
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetError, \
@@ -66,6 +67,7 @@ class CampaignConfig:
     max_corpus: int = 500
     keep_work: bool = False
     round_examples: int = 500
+    min_messages: int = DEFAULT_MIN_MESSAGES  # fewer exchanged: the campaign tested nothing
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -459,7 +461,6 @@ class Progress:
 def run_campaign(cfg: CampaignConfig, *, on_progress: Callable[[Progress], None] | None = None,
                  ) -> tuple[Path, dict]:
     """Run the campaign; returns (report folder, report dict)."""
-    from .report import build_report, write_report
 
     spec = TargetSpec.parse(cfg.target, cfg.dialect)  # fail before anything starts
     out = Path(cfg.out) if cfg.out else Path("reports") / f"fuzz-{campaign_id(spec.name)}"

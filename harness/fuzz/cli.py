@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .report import DEFAULT_MIN_MESSAGES, campaign_problems
 from .target import TargetError
 
 CLIENT_PREFIX = "client:"
@@ -14,9 +15,11 @@ CLIENT_PREFIX = "client:"
 def fuzz_command(console: Console, *, target: str, dialect: str | None, duration: str,
                  seed: int | None, workers: int, out: Path | None, deadline: float,
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
-                 max_steps: int, keep_work: bool, fail_on_findings: bool = False) -> int:
+                 max_steps: int, keep_work: bool, fail_on_findings: bool = False,
+                 min_messages: int = DEFAULT_MIN_MESSAGES) -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
-    unless ``fail_on_findings`` (then 1 if anything was found)."""
+    unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
+    test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
     from .display import LiveProgress, parse_duration
 
     try:
@@ -34,7 +37,8 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
         cfg = CampaignConfig(target=target, dialect=dialect, duration=seconds, seed=seed,
                              workers=workers, out=out, deadline=deadline, rss_limit=rss_limit,
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
-                             max_steps=max_steps, keep_work=keep_work)
+                             max_steps=max_steps, keep_work=keep_work,
+                             min_messages=min_messages)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:
@@ -45,6 +49,11 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
     console.print((folder / "report.md").read_text(), markup=False, highlight=False,
                   soft_wrap=True)
     console.print(f"report: {folder}/report.md", highlight=False, soft_wrap=True)
+    problems = campaign_problems(report, min_messages)
+    if problems:
+        for p in problems:
+            console.print(f"[red]{p}", highlight=False, soft_wrap=True)
+        return 2
     return 1 if fail_on_findings and not report.get("nothing_found") else 0
 
 

@@ -53,8 +53,33 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
         "errors": [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors],
         "config": cfg.to_json(),
     }
+    report["workers_never_listened"] = [i for i in range(cfg.workers)
+                                        if not progress.workers.get(i, {}).get("target_starts")]
     report["nothing_found"] = not findings and not progress.errors
+    report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
+
+
+DEFAULT_MIN_MESSAGES = 100
+
+
+def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) -> list[str]:
+    """Why a campaign tested nothing worth its verdict: a worker whose target never listened,
+    or fewer messages exchanged than ``min_messages`` (client targets: no session at all).
+    Empty when the campaign ran; ``harness fuzz`` exits non-zero otherwise."""
+    out = []
+    never = report.get("workers_never_listened") or []
+    if never:
+        why = "; ".join(str(e.get("error", "")) for e in report.get("errors", []))
+        out.append(f"target never listened (worker {', '.join(map(str, never))})"
+                   + (f": {why}" if why else ""))
+    if report.get("target_kind") == "client":
+        if not report.get("cases"):
+            out.append("no client session ran")
+    elif report.get("messages_sent", 0) < min_messages:
+        out.append(f"only {report.get('messages_sent', 0):,} messages exchanged, fewer than the "
+                   f"minimum {min_messages:,} (--min-messages)")
+    return out
 
 
 def coverage_summary(dialect: str, coverage: Counter) -> dict:
@@ -123,6 +148,9 @@ def render_markdown(r: dict, out: Path) -> str:
                   f"over {r['elapsed_s']:.0f} s.", ""]
     if r["interrupted"]:
         lines += ["The campaign was interrupted before its duration ended.", ""]
+    if r.get("problems"):
+        lines += ["**The campaign did not test the target**: " + "; ".join(
+            _md(p) for p in r["problems"]) + ".", ""]
     if r["target_kind"] == "client":
         # Each session is a fresh client process facing one misbehaving server: no message
         # counts, restarts or server memory to report.
@@ -215,9 +243,10 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
     lines += ["", f"Mutated fields per command (messages sent; "
               f"{cov.get('fields_exercised', 0)} of {cov.get('fields_catalogue', 0)} command x "
               "field pairs of the registry reached):", "",
-              "| command | fields |", "|---|---|"]
+              "| command | fields reached | not reached |", "|---|---|---|"]
     for cmd, fields in cov["command_field"].items():
-        lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items()) + " |")
+        lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items() if v)
+                     + " | " + ", ".join(k for k, v in fields.items() if not v) + " |")
     lines += ["", "Valid messages per command: " + ", ".join(
         f"{k} {v:,}" for k, v in cov["valid_commands"].items()), ""]
     if cov["missing"]:
