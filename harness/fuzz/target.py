@@ -310,6 +310,7 @@ class Target:
         self._spare: Future | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._launches = 0
+        self._log_offsets: dict[str, int] = {}
 
     # -- lifecycle
     def start(self) -> None:
@@ -420,6 +421,7 @@ class Target:
     def _stop_live(self) -> ExitInfo | None:
         if self.server is None:
             return None
+        self._log_offsets = {}  # the next process writes its logs afresh
         info = self.server.stop()
         self.server = None
         return info
@@ -446,6 +448,30 @@ class Target:
             if info is not None or time.monotonic() >= end:
                 return info
             time.sleep(0.005)
+
+    def new_log_lines(self, limit: int = 64 << 10) -> list[str]:
+        """Log lines the live process wrote since the last call (at most ``limit`` bytes per
+        log): what the server said about the last case, for the evolving corpus."""
+        server = self.server
+        if server is None:
+            return []
+        lines: list[str] = []
+        for path in (server.stdout_path, server.stderr_path):
+            start = self._log_offsets.get(str(path), 0)
+            try:
+                size = os.stat(path).st_size
+                if size <= start:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read(min(size - start, limit))
+            except OSError:
+                continue
+            # Keep an unfinished last line for the next call.
+            end = chunk.rfind(b"\n") + 1
+            self._log_offsets[str(path)] = start + (end if end else len(chunk))
+            lines += chunk[:end or len(chunk)].decode("utf-8", "replace").splitlines()
+        return lines
 
     def log_lines(self) -> list[str]:
         if self.server is None:

@@ -332,3 +332,38 @@ def _(draw, site):
     g = _deep_chain(depth, site.region, listing)
     return site.mutation("graph.nodes", replace(g, uid=msg.uid, device=msg.device), value=depth,
                          case=listing)
+
+
+# ---------------------------------------------------------------- any field, by offset
+
+#: Edge values per width (bytes): what AFL calls "interesting values", as unsigned.
+INTERESTING_VALUES = {
+    4: (0, 1, 0x7F, 0x80, 0xFF, 0x100, 0xFFFF, 0x1_0000, 0x7FFF_FFFF, 0x8000_0000, U32_MAX - 1,
+        U32_MAX),
+    8: (0, 1, 0xFF, 0xFFFF_FFFF, 0x1_0000_0000, 1 << 40, 0x7FFF_FFFF_FFFF_FFFF, 1 << 63,
+        U64_MAX - 1, U64_MAX),
+}
+
+
+def overwrite(frame: bytes, offset: int, width: int, value: int) -> bytes:
+    """``frame`` with the little-endian ``width``-byte integer at payload ``offset`` set."""
+    at = REQUEST_HEADER_SIZE + offset
+    return frame[:at] + value.to_bytes(width, "little") + frame[at + width:]
+
+
+def _payload_at_least_4(d, c) -> bool:
+    layout = spec_for(d, c).request
+    return c is not Cmd.HELLO and (layout.variable or layout.fixed_size >= 4)
+
+
+@mutation("field", "interesting_value", fields=("payload",), applies=_payload_at_least_4)
+def _(draw, site):
+    """Any 4-aligned u32/u64 of a valid request's payload set to an edge value: fields the
+    structured operators do not name (and the evolving corpus applies it to any step)."""
+    frame = site.frame()
+    room = len(frame) - REQUEST_HEADER_SIZE
+    width = draw(st.sampled_from((4, 8) if room >= 8 else (4,)))
+    offset = draw(st.integers(0, (room - width) // 4)) * 4
+    value = draw(st.sampled_from(INTERESTING_VALUES[width]))
+    return site.mutation("payload", overwrite(frame, offset, width, value), value=value,
+                         index=offset)
