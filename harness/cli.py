@@ -445,6 +445,19 @@ def replay(
                                     deadline=deadline))
 
 
+@app.command("fuzz-merge")
+def fuzz_merge(
+    out: Path = typer.Option(..., "--out", help="The merged campaign folder."),
+    folders: list[Path] = typer.Argument(..., help="Campaign folders (e.g. the shards of one "
+                                         "`--shard I/N` campaign)."),
+):
+    """Merge campaign folders: one corpus (minimised by behaviour), one reproducer per
+    signature, one report."""
+    from .fuzz.cli import merge_command
+
+    raise typer.Exit(merge_command(console, out, folders))
+
+
 @app.command()
 def bench(
     quick: bool = typer.Option(False, "--quick", help="Small sizes (64 MiB), short fuzz runs, no "

@@ -74,3 +74,22 @@ def replay_command(console: Console, file: Path, *, target: str, dialect: str | 
         return 2
     console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
     return 1 if result.reproduced else 0
+
+
+def merge_command(console: Console, out: Path, folders: list[Path]) -> int:
+    from .merge import MergeError, merge_campaigns
+
+    try:
+        report = merge_campaigns(out, folders)
+    except MergeError as e:
+        console.print(f"[red]{e}", highlight=False)
+        return 2
+    kept = report["corpus_merged"]
+    console.print(f"merged {len(folders)} campaign(s): {report['messages_sent']:,} messages, "
+                  f"{report['distinct_signatures']} signature(s), corpus {kept['entries_kept']} "
+                  f"of {kept['entries_read']} entries ({kept['features']} behaviours)",
+                  highlight=False)
+    if report["shards_missing"]:
+        console.print(f"[red]shards missing: {report['shards_missing']}", highlight=False)
+    console.print(f"report: {out}/report.md", highlight=False, soft_wrap=True)
+    return 1 if report["shards_missing"] else 0

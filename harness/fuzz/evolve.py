@@ -31,7 +31,7 @@ from .strategies import MUTATIONS, Site
 from .strategies.fields import INTERESTING_VALUES, overwrite
 
 MAX_EVOLVED_STEPS = 128
-_NUMBER = re.compile(r"\d+")
+_NUMBER = re.compile(r"\b\d+\b")
 # Log lines every connection produces: no information about the case.
 _ROUTINE = ("Accepted client connection", "Client connection closed")
 

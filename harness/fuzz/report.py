@@ -34,36 +34,49 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
     rss_trend = {str(i): {"first": w.get("rss_first"), "last": w.get("rss_last"),
                           "target_starts": w.get("target_starts")}
                  for i, w in sorted(progress.workers.items())}
-    report = {
-        "format": "ggml-rpc-fuzz-report/1",
-        "target": cfg.target, "target_kind": spec.kind, "dialect": dialect,
-        "seed": cfg.seed, "workers": cfg.workers, "duration_s": cfg.duration,
-        "elapsed_s": round(elapsed, 1), "interrupted": interrupted,
-        "messages_sent": frames, "messages_per_s": round(frames / elapsed, 1),
-        "bytes_sent": progress.total("bytes"), "cases": cases,
-        "cases_per_s": round(cases / elapsed, 1), "restarts": progress.total("restarts"),
-        "shrink_attempts": progress.total("shrink_attempts"),
-        "verdicts": progress.total("verdicts"), "duplicates": progress.total("duplicates"),
-        "unconfirmed": progress.total("unconfirmed"),
-        "statuses": dict(progress.merged("statuses")),
-        "rss_peak_bytes": rss_peak, "rss_limit_bytes": cfg.rss_limit, "rss_trend": rss_trend,
-        "deadline_s": cfg.deadline, "as_limit_bytes": cfg.as_limit,
-        "findings": findings, "distinct_signatures": len(findings),
-        "coverage": coverage_summary(dialect, coverage),
-        "coverage_counts": dict(coverage),  # raw, so shard reports can be merged
-        "generated_cases": progress.total("generated"),
-        "evolved_cases": progress.total("evolved"),
-        "behaviours": sum(w.get("behaviours", 0) for w in progress.workers.values()),
-        "corpus_entries": sum(w.get("corpus", 0) for w in progress.workers.values()),
-        "timing_s": {k: round(v, 1) for k, v in sorted(progress.merged("timing").items())},
-        "shard": list(getattr(cfg, "shard", (1, 1))),
-        "errors": [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors],
-        "config": cfg.to_json(),
-    }
-    report["workers_never_listened"] = [i for i in range(cfg.workers)
-                                        if not progress.workers.get(i, {}).get("target_starts")]
-    report["nothing_found"] = not findings and not progress.errors
+    totals = {"messages_sent": frames, "bytes_sent": progress.total("bytes"), "cases": cases,
+              "generated_cases": progress.total("generated"),
+              "evolved_cases": progress.total("evolved"), "restarts": progress.total("restarts"),
+              "shrink_attempts": progress.total("shrink_attempts"),
+              "verdicts": progress.total("verdicts"), "duplicates": progress.total("duplicates"),
+              "unconfirmed": progress.total("unconfirmed"), "workers": cfg.workers}
+    template = {"target": cfg.target, "target_kind": spec.kind, "dialect": dialect,
+                "rss_limit_bytes": cfg.rss_limit, "deadline_s": cfg.deadline,
+                "as_limit_bytes": cfg.as_limit, "config": cfg.to_json()}
+    errors = [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors]
+    report = build_report_from_parts(
+        template, totals=totals, elapsed=elapsed, coverage=coverage,
+        statuses=dict(progress.merged("statuses")), timing=dict(progress.merged("timing")),
+        findings=findings, errors=errors, rss_peak=rss_peak,
+        extra={"seed": cfg.seed, "duration_s": cfg.duration, "interrupted": interrupted,
+               "rss_trend": rss_trend,
+               "behaviours": sum(w.get("behaviours", 0) for w in progress.workers.values()),
+               "corpus_entries": sum(w.get("corpus", 0) for w in progress.workers.values()),
+               "shard": list(cfg.shard),
+               "workers_never_listened": [i for i in range(cfg.workers) if not
+                                          progress.workers.get(i, {}).get("target_starts")]})
     report["problems"] = campaign_problems(report, cfg.min_messages)
+    return report
+
+
+def build_report_from_parts(template: dict, *, totals: dict, elapsed: float, coverage: Counter,
+                            statuses: dict, timing: dict, findings: list, errors: list,
+                            rss_peak: int, extra: dict) -> dict:
+    """A report from its counts (one campaign's workers, or several campaigns merged):
+    ``template`` gives target, dialect and limits; rates and coverage are computed here."""
+    elapsed = max(elapsed, 1e-9)
+    report = {"format": "ggml-rpc-fuzz-report/1", "interrupted": False, "rss_trend": {},
+              **template, **totals,
+              "elapsed_s": round(elapsed, 1),
+              "messages_per_s": round(totals["messages_sent"] / elapsed, 1),
+              "cases_per_s": round(totals["cases"] / elapsed, 1),
+              "statuses": statuses, "rss_peak_bytes": rss_peak,
+              "findings": findings, "distinct_signatures": len(findings),
+              "coverage": coverage_summary(template["dialect"], coverage),
+              "coverage_counts": dict(coverage),  # raw, so shard reports can be merged
+              "timing_s": {k: round(v, 1) for k, v in sorted(timing.items())},
+              "errors": errors, **extra}
+    report["nothing_found"] = not findings and not errors
     return report
 
 
@@ -174,8 +187,7 @@ def render_markdown(r: dict, out: Path) -> str:
     lines += ["| | |", "|---|---|",
               f"| target | `{r['target']}` ({r['target_kind']}) |",
               f"| seed / workers | {r['seed']} / {r['workers']}"
-              + (f" (shard {r['shard'][0]}/{r['shard'][1]})" if r.get("shard", [1, 1])[1] > 1
-                 else "") + " |",
+              + _shard_text(r) + " |",
               f"| duration | {r['elapsed_s']:.0f} s (asked {r['duration_s']:.0f} s) |",
               f"| messages sent | {r['messages_sent']:,} ({r['bytes_sent']:,} bytes) |",
               f"| messages/s | {r['messages_per_s']:,.0f} (all workers, minimisation included) |",
@@ -267,6 +279,16 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
     if cov["missing"]:
         lines += [f"Not exercised ({len(cov['missing'])}): " + ", ".join(cov["missing"]), ""]
     return "\n".join(lines)
+
+
+def _shard_text(r: dict) -> str:
+    if r.get("merged_from"):
+        shards = ", ".join(f"{i}/{n}" for i, n in r.get("shards", []))
+        missing = (f"; **shards missing: {', '.join(map(str, r['shards_missing']))}**"
+                   if r.get("shards_missing") else "")
+        return f" ({len(r['merged_from'])} campaigns merged: shards {shards}{missing})"
+    shard = r.get("shard") or [1, 1]
+    return f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
 
 
 def _trend(worker: str, v: dict) -> str:
