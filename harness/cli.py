@@ -388,7 +388,7 @@ def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .r
 
 @app.command()
 def fuzz(
-    target: str = typer.Option(..., "--target", help="p7 / any peer of `harness peers list`, "
+    target: Optional[str] = typer.Option(None, "--target", help="p7 / any peer of `harness peers list`, "
                                "ref[-DIALECT] (the reference server), a server path, or "
                                "client:PEER (the peer's real client facing a malicious "
                                "reference server)."),
@@ -414,6 +414,11 @@ def fuzz(
     shard: str = typer.Option("1/1", "--shard", help="I/N: this job is shard I of N of one "
                               "campaign (disjoint seeds and corpus share; merge the shards' "
                               "folders with `harness fuzz-merge`)."),
+    differential: Optional[tuple[str, str]] = typer.Option(
+        None, "--differential", help="A B: run the same sessions against two server targets "
+        "and report every divergence (instead of --target)."),
+    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list file (YAML) of "
+                                         "intended differences for --differential."),
     min_messages: int = typer.Option(100, "--min-messages", help="Exit 2 if fewer messages "
                                      "were exchanged (or a worker's target never listened): "
                                      "a campaign that tested nothing is not a pass."),
@@ -427,22 +432,27 @@ def fuzz(
                                   corpus=corpus, shrink_seconds=shrink_seconds,
                                   max_steps=max_steps, keep_work=keep_work,
                                   fail_on_findings=fail_on_findings,
-                                  min_messages=min_messages, shard=shard))
+                                  min_messages=min_messages, shard=shard,
+                                  differential=differential, allow=allow))
 
 
 @app.command()
 def replay(
     file: Path = typer.Argument(..., help="A finding: its folder, repro.rpct or finding.json."),
-    target: str = typer.Option(..., "--target", help="Peer, ref[-DIALECT], server path or "
-                               "client:PEER."),
+    target: Optional[str] = typer.Option(None, "--target", help="Peer, ref[-DIALECT], server "
+                                         "path or client:PEER."),
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Override the saved dialect."),
     deadline: float = typer.Option(5.0, "--deadline", help="Seconds before no answer is a hang."),
+    differential: Optional[tuple[str, str]] = typer.Option(
+        None, "--differential", help="A B: replay a divergence against both (instead of "
+        "--target)."),
+    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list for --differential."),
 ):
     """Replay a saved finding against a fresh target. Exit 1 if it reproduces, 0 if not."""
     from .fuzz.cli import replay_command
 
     raise typer.Exit(replay_command(console, file, target=target, dialect=dialect,
-                                    deadline=deadline))
+                                    deadline=deadline, differential=differential, allow=allow))
 
 
 @app.command("fuzz-merge")
