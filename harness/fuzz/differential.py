@@ -42,7 +42,7 @@ from hypothesis import strategies as st
 
 from ..capture.pcap import write_pcap
 from .campaign import Progress, _is_hypothesis_error
-from .case import Case
+from .case import Case, Step
 from .evolve import Corpus, behaviour, mutate
 from .execute import Outcome
 from .generate import cases
@@ -145,7 +145,8 @@ def _allowed(allow: list[dict], kind: str, cmd: str) -> bool:
 class Divergence:
     signature: Signature
     detail: str
-    step: int | None = None
+    step: int | None = None  # the step named as the cause
+    culprit: Step | None = None  # that step (minimisation keeps it)
 
 
 def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tuple[str, str],
@@ -165,17 +166,22 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
-    end_a = (oa.status, oa.at if oa.status != "ok" else None)
-    end_b = (ob.status, ob.at if ob.status != "ok" else None)
-    if end_a != end_b:
-        at = min(x for x in (oa.at, ob.at, len(case.steps) - 1) if x is not None)
-        cmd = case.steps[min(at, len(case.steps) - 1)].cmd if case.steps else "NONE"
+    # Where a connection ended, as far as the wire proves it: the steps answered before the
+    # end (the step at which a pipelined client *notices* a close depends on timing).
+    if (oa.status, oa.proven) != (ob.status, ob.proven) and case.steps:
+        # The cause lies between the last step both answered and the first one only one
+        # side answered: the first mutated step there, else the first step there.
+        lo = min(oa.proven, ob.proven, len(case.steps) - 1)
+        hi = min(max(oa.proven, ob.proven, lo + 1), len(case.steps))
+        at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
+        cmd = case.steps[at].cmd
         if not _allowed(allow, "close", cmd):
             return Divergence(
                 Signature("divergence", "", f"close point: {labels[0]} {oa.status}, "
                           f"{labels[1]} {ob.status}", cmd),
-                f"{labels[0]}: {oa.status} at step {oa.at} ({oa.detail}); {labels[1]}: "
-                f"{ob.status} at step {ob.at} ({ob.detail})", at)
+                f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
+                f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
+                f"step {at}", at, case.steps[at])
     for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
         ra, rb = (_masked(cmd, _renamed(cmd, p), allow) for p in (pa, pb))
         if ra != rb:
@@ -184,7 +190,7 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
             return Divergence(
                 Signature("divergence", "", f"answer differs at payload byte {first}", cmd),
                 f"step {i} {cmd}: {labels[0]} {pa[:32].hex()} / {labels[1]} {pb[:32].hex()}",
-                i)
+                i, case.steps[i])
     return None
 
 
@@ -295,9 +301,10 @@ def run_differential(cfg: DifferentialConfig, *,
                     stats["allowed"] += 1
                 return
             stats["divergences_seen"] += 1
-            if div.signature.id in seen:
+            key = _dedupe_key(div)
+            if key in seen:
                 return
-            seen.add(div.signature.id)
+            seen.add(key)
             findings.append(_minimise_and_save(cfg, pair, allow, case, div, out, dialect,
                                                time.time() - t0))
             progress.handle({"type": "finding", "finding": findings[-1]})
@@ -358,6 +365,20 @@ def run_differential(cfg: DifferentialConfig, *,
     return out, report
 
 
+def _dedupe_key(div: Divergence) -> tuple:
+    """One finding per difference: a side that broke is one bug whatever step it was named
+    after (a pipelined run names the command only roughly); other divergences are per
+    command."""
+    sig = div.signature
+    if " broke: " in sig.line:
+        return (sig.line,)
+    if not sig.line.startswith("close point"):
+        return sig.line, sig.command  # an answer: its step is known exactly
+    # A close is blamed on a step of a window: its mutation tells causes apart.
+    what = div.culprit.desc["what"] if div.culprit is not None and div.culprit.desc else ""
+    return sig.line, sig.command, what
+
+
 def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out: Path,
                        dialect: str, found_after: float) -> dict:
     t0 = time.monotonic()
@@ -365,12 +386,13 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
 
     def same(c: Case) -> bool:
         d = compare(c, pair.run(c), pair.labels, allow)
-        return d is not None and d.signature == div.signature
+        # The same difference, blamed on the same step (not another one that differs too).
+        return d is not None and _dedupe_key(d) == _dedupe_key(div) and d.culprit == div.culprit
 
     minimal = minimise_case(case, same, budget) if len(case.steps) > 1 else case
     runs = pair.run(minimal)
     final = compare(minimal, runs, pair.labels, allow)
-    if final is None or final.signature != div.signature:  # timing: keep the original
+    if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
         minimal, runs, final = case, pair.run(case), div
     return save_divergence(out / "divergences" / div.signature.id, minimal, runs, final,
                            cfg=cfg, labels=pair.labels, dialect=dialect,
