@@ -388,10 +388,10 @@ def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .r
 
 @app.command()
 def fuzz(
-    target: Optional[str] = typer.Option(None, "--target", help="p7 / any peer of `harness peers list`, "
-                               "ref[-DIALECT] (the reference server), a server path, or "
-                               "client:PEER (the peer's real client facing a malicious "
-                               "reference server)."),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="p7 / any peer of `harness peers list`, ref[-DIALECT] (the "
+        "reference server), a server path, or client:PEER (the peer's real client facing a "
+        "malicious reference server)."),
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Dialect to speak (default: "
                                           "the target's)."),
     duration: str = typer.Option("10m", "--duration", help="e.g. 90s, 10m, 1h."),

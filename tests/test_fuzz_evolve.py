@@ -77,7 +77,8 @@ def test_each_operator_gives_a_case_that_starts_like_its_parent(name):
             assert len(changed) == 1 and changed[0].desc["what"] == "interesting_value"
             rst.check_description(changed[0].desc)
             desc, payload = changed[0].desc, changed[0].frame[9:]
-            assert any(payload[desc["index"]:desc["index"] + w] == desc["value"].to_bytes(w, "little")
+            at = desc["index"]
+            assert any(payload[at:at + w] == desc["value"].to_bytes(w, "little")
                        for w in (4, 8) if desc["value"] < 1 << (8 * w))
 
 

@@ -26,6 +26,7 @@ replays it.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -50,7 +51,8 @@ from .replay import load
 from .report import DEFAULT_MIN_MESSAGES, campaign_problems
 from .runner import CaseRunner, Verdict
 from .shrink import Budget, minimise_case, transcript_of
-from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec, normalise
+from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
+                     normalise, slug)
 
 FORMAT = "ggml-rpc-fuzz-divergence/1"
 _U64 = struct.Struct("<Q")
@@ -379,6 +381,13 @@ def _dedupe_key(div: Divergence) -> tuple:
     return sig.line, sig.command, what
 
 
+def finding_id(div: Divergence) -> str:
+    """Folder name of a divergence: one per deduplication key (two close-point divergences
+    of one command blamed on different mutations are two findings)."""
+    digest = hashlib.sha1(repr(_dedupe_key(div)).encode()).hexdigest()[:8]
+    return f"divergence-{slug(div.signature.command)}-{digest}"
+
+
 def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out: Path,
                        dialect: str, found_after: float) -> dict:
     t0 = time.monotonic()
@@ -394,7 +403,7 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
     final = compare(minimal, runs, pair.labels, allow)
     if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
         minimal, runs, final = case, pair.run(case), div
-    return save_divergence(out / "divergences" / div.signature.id, minimal, runs, final,
+    return save_divergence(out / "divergences" / finding_id(div), minimal, runs, final,
                            cfg=cfg, labels=pair.labels, dialect=dialect,
                            extra={"original_steps": len(case.steps),
                                   "minimise_seconds": round(time.monotonic() - t0, 1),
@@ -412,7 +421,7 @@ def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, lab
         tr = transcript_of(case, o, {**meta, "side": name})
         tr.save(folder / f"{name}.rpct")
         write_pcap(tr, folder / f"{name}.pcap")
-    finding = {"format": FORMAT, "id": div.signature.id, "signature": div.signature.to_json(),
+    finding = {"format": FORMAT, "id": folder.name, "signature": div.signature.to_json(),
                "title": div.signature.title(), "detail": div.detail, "step": div.step,
                "a": cfg.a, "b": cfg.b, "labels": list(labels), "dialect": dialect,
                "steps": len(case.steps), "listing": case.describe(),

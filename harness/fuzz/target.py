@@ -69,7 +69,7 @@ class Signature:
         """Short stable name (folder names, report anchors)."""
         h = hashlib.sha1("\x1f".join((self.kind, self.signal, self.line,
                                       self.command)).encode()).hexdigest()[:8]
-        return f"{self.kind}-{_slug(self.command)}-{h}"
+        return f"{self.kind}-{slug(self.command)}-{h}"
 
     def same_bug(self, other: "Signature | None", *, command: bool = True) -> bool:
         if other is None:
@@ -92,7 +92,7 @@ class Signature:
         return cls(d["kind"], d.get("signal", ""), d.get("line", ""), d.get("command", ""))
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:24] or "none"
 
 

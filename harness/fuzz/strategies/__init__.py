@@ -34,8 +34,8 @@ from .graphs import GRAPH_SHAPES, graphs
 from .messages import (REQUEST_DRAWERS, RESPONSE_DRAWERS, exchanges, hello_request_frame,
                        messages, request_frames, response_frames, sessions)
 from .registry import (DESCRIPTION_KEYS, MUTATION_KINDS, MUTATIONS, Mutation, MutationOp, Site,
-                       candidates, check_description, mutation, mutation_catalogue, mutations, strategy_of,
-                       tensor_mutation, unregister, whats)
+                       candidates, check_description, mutation, mutation_catalogue, mutations,
+                       strategy_of, tensor_mutation, unregister, whats)
 from . import fields as _fields, flags as _flags, framing as _framing  # noqa: F401 - register
 
 __all__ = [
@@ -50,7 +50,8 @@ __all__ = [
     "mutation_catalogue", "check_description", "DESCRIPTION_KEYS", "MUTATION_KINDS",
     "FRAMING_WHATS", "FLAG_WHATS", "FIELD_WHATS",
     # the registry
-    "MUTATIONS", "MutationOp", "Site", "candidates", "mutation", "tensor_mutation", "unregister", "whats",
+    "MUTATIONS", "MutationOp", "Site", "candidates", "mutation", "tensor_mutation", "unregister",
+    "whats",
 ]
 
 _WHATS_OF = {"FRAMING_WHATS": "framing", "FLAG_WHATS": "flag", "FIELD_WHATS": "field"}
