@@ -7,7 +7,10 @@ the target broke in a way nobody has claimed yet. Hypothesis then shrinks the ca
 choices, each shrink attempt checked against the live target (restarted when it breaks); the
 smallest case that keeps the same signature wins, and delta debugging over its steps
 finishes the job (:mod:`harness.fuzz.shrink`). The next round starts with the next seed, so
-the campaign keeps going after every finding until the duration is over.
+the campaign keeps going after every finding until the duration is over. Between rounds the
+worker runs cases derived from its evolving corpus (:mod:`harness.fuzz.evolve`: entries that
+showed new behaviour, mutated with a plain PRNG), ``evolve_share`` of all cases; their
+findings are minimised by delta debugging alone.
 
 Dedupe across workers is an atomic ``mkdir`` of ``claims/<signature id>``; every worker
 restarts its own target after a death. Results: ``crashes/<id>/`` (one minimal reproducer
@@ -41,7 +44,7 @@ from .execute import REFUSED, Outcome
 from .generate import cases
 from .replay import load, replay
 from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
-from .runner import CaseRunner, Verdict, culprit
+from .runner import CaseRunner, Verdict
 from .shrink import Budget, minimise_case, save_reproducer, transcript_of
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetError, \
     TargetSpec
