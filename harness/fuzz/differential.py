@@ -33,7 +33,7 @@ import shutil
 import struct
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -216,13 +216,11 @@ class DifferentialConfig:
     evolve_share: float = 0.8
     round_examples: int = 100
     keep_work: bool = False
-    stats: dict = field(default_factory=dict)
 
     def to_json(self) -> dict:
         d = asdict(self)
         for k in ("out", "allow"):
             d[k] = str(d[k]) if d[k] is not None else None
-        d.pop("stats")
         return d
 
 
