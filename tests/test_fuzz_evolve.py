@@ -49,6 +49,14 @@ def test_corpus_keeps_only_new_behaviour():
     assert len(corpus) == 2
 
 
+def test_connections_refused_at_their_first_frame_are_not_parents():
+    refused = annotate(D7, (step(b"\x0e" + bytes(8), "HELLO",
+                                 desc={"kind": "framing", "what": "len_too_small"}),))
+    corpus = Corpus()
+    assert not corpus.offer(refused, frozenset({("new",)}))
+    assert len(corpus) == 0
+
+
 def _corpus(*cases) -> Corpus:
     corpus = Corpus()
     for i, c in enumerate(cases):

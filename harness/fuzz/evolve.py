@@ -70,7 +70,9 @@ class Corpus:
         for s in case.steps:
             if s.desc is not None and s.desc.get("at") != "connect":
                 self.mutation_steps.append(s)
-        if not new:
+        if not new or not case.steps or case.steps[0].mutated:
+            # A connection refused at its first frame: the server never reads the rest, so
+            # mutating it would only repeat the refusal.
             return False
         self.entries.append(case)
         return True
