@@ -28,6 +28,8 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir
 
+from .base import TransportError
+
 SOURCE_DIR = Path(__file__).resolve().parent.parent / "native" / "softverbs"
 SOURCES = ("softverbs.c",)
 VERSION_SCRIPT = "libibverbs.map"
@@ -44,7 +46,7 @@ MEMLOCK_ENV = "SOFTVERBS_MEMLOCK"
 INSTALL_HINT = "apt-get install libibverbs-dev (the verbs headers; .ci/system-deps does it)"
 
 
-class SoftverbsUnavailable(RuntimeError):
+class SoftverbsUnavailable(TransportError):
     """softverbs cannot be built here; the message says why and what to install."""
 
 
