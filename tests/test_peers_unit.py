@@ -613,3 +613,18 @@ def test_an_entry_of_another_variant_is_not_used(cache):
     asan = get_pin("p7+asan")
     _fake_entry(asan, {"pin": {**dataclasses.asdict(asan), "sanitize": ["thread"]}})
     assert "another sanitize" in registry.get_peer("p7+asan").reason
+
+
+def test_adding_a_patched_pin_is_one_row_of_the_shipped_file(tmp_path):
+    """What the PR-mode pin needs: one [[pin]] row appended to pins.toml, nothing else."""
+    import importlib.resources
+
+    patch = tmp_path / "seed000.patch"
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    shipped = importlib.resources.files("harness.impls").joinpath("pins.toml").read_text()
+    pins = parse_pins(shipped + f'\n[[pin]]\nname = "p7f"\nbase = "p7"\npatch = "{patch}"\n'
+                      'dialect = "7.0.0+flags"\nnote = "our own implementation"\n')
+    p7f = pins["p7f"]
+    assert list(pins)[-1] == "p7f" and p7f.base == "p7" and p7f.proto == "7.0.0"
+    assert p7f.key.startswith("llama-cpp-python==0.3.36+patch-")
+    assert p7f.variant(sanitize="address").name == "p7f+asan"

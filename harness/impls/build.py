@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import glibc_compat, sanitize
+from . import glibc_compat
 from .cache import entry_lock, install_entry, logs_dir, new_stage_dir, remove_entry
 from .errors import (BuildError, MislabelledPeer, PatchRejected, PeerUnavailable, ToolMissing,
                      VariantUnsupported, VerificationError)
@@ -34,6 +34,7 @@ from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, built_entries, manifest_pr
 from .pins import Pin, load_pins, patch_sha256
 from .progress import BuildProgress, LineProgress, RichBuildProgress, as_progress
 from .realpeer import staged_peer
+from .recipe import cmake_flags
 from .registry import resolve_pin
 from .source import apply_patch, has_rdma_transport, header_proto
 from .tools import OUTPUT_TAIL_LINES, find_compilers, find_tool, missing_build_tools, \
@@ -51,34 +52,6 @@ WHEEL_BASE_TARGET = "libggml-rpc"
 PATCH_COPY = "patch.diff"  # the applied diff, kept in the entry beside bin/ and the manifest
 RDMA_LIBRARY = "libibverbs.so"
 _NINJA_STEP_RE = re.compile(r"^\[(\d+)/(\d+)\]\s*(.*)")
-
-# Portable, shared, RPC-only, nothing fetched at build time. RDMA is off unless the variant
-# asks for it: with libibverbs-dev installed, sources with the transport would silently turn
-# it on. The install RPATH ($ORIGIN) is used at build time so the bin dir still works after it
-# is moved into the cache.
-CMAKE_FLAGS = (
-    "-DCMAKE_BUILD_TYPE=Release",
-    "-DBUILD_SHARED_LIBS=ON",
-    "-DGGML_RPC=ON",
-    "-DGGML_NATIVE=OFF",
-    "-DGGML_OPENMP=ON",
-    "-DLLAMA_CURL=OFF",
-    "-DLLAMA_OPENSSL=OFF",
-    "-DLLAMA_BUILD_SERVER=OFF",
-    "-DLLAMA_BUILD_UI=OFF",
-    "-DCMAKE_BUILD_WITH_INSTALL_RPATH=ON",
-    "-DCMAKE_INSTALL_RPATH=$ORIGIN",
-)
-
-
-def cmake_flags(pin: Pin, tests: bool = False) -> list[str]:
-    """Everything passed to cmake's configure step for ``pin`` (its variant included)."""
-    flags = [f for f in CMAKE_FLAGS if not (pin.sanitize and f.startswith("-DCMAKE_BUILD_TYPE="))]
-    flags.append(f"-DGGML_RPC_RDMA={'ON' if pin.rdma else 'OFF'}")
-    flags += sanitize.cmake_flags(pin.sanitize)
-    flags.append(f"-DLLAMA_BUILD_TESTS={'ON' if tests else 'OFF'}")
-    return flags
-
 
 @dataclass
 class BuildResult:

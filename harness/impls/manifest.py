@@ -8,6 +8,7 @@ from pathlib import Path
 
 from .cache import entry_dirs
 from .pins import Pin, pin_from_record
+from .recipe import cmake_flags
 
 MANIFEST_NAME = "manifest.json"
 MANIFEST_FORMAT = 1  # new keys are optional, so entries written before variants stay valid
@@ -37,6 +38,9 @@ def manifest_problem(pin: Pin, manifest: dict | None, targets: tuple[str, ...] =
         value = recorded.get(name, defaults[name].default)
         if (tuple(value) if isinstance(value, list) else value) != getattr(pin, name):
             return f"cache entry built with another {name.replace('_', ' ')}"
+    # entries from before the flags were recorded are releases built with today's flags
+    if manifest.get("cmake_flags") not in (None, cmake_flags(pin)):
+        return "cache entry built with other cmake options"
     if manifest.get("verified_proto") != pin.proto:
         return f"cache entry verified as {manifest.get('verified_proto')}, pin says {pin.proto}"
     missing = [f for f in manifest.get("files", []) if not os.path.lexists(pin.bin_dir / f)]

@@ -32,11 +32,25 @@ OPTIONS_ENV = {"address": "ASAN_OPTIONS", "undefined": "UBSAN_OPTIONS",
                "thread": "TSAN_OPTIONS", "leak": "LSAN_OPTIONS"}
 
 
+# UBSan's alignment check is left out: ggml-rpc reads its wire structs in place from the
+# receive buffer, so the real 7.0.0 server trips it on every GRAPH_COMPUTE (reference binding to
+# a misaligned uint64_t, ggml-rpc.cpp:1759 in graph_compute). That is harmless on the CPUs it
+# runs on, and with halt_on_error it would stop every session at its first graph.
+UNCHECKED = {"undefined": ("alignment",)}
+
+
+def compile_flag(sanitizers: tuple[str, ...]) -> str:
+    """``-fsanitize=...`` (plus ``-fno-sanitize=...`` for the checks left out)."""
+    off = [check for name in sanitizers for check in UNCHECKED.get(name, ())]
+    return "-fsanitize=" + ",".join(sanitizers) + (
+        " -fno-sanitize=" + ",".join(off) if off else "")
+
+
 def cmake_flags(sanitizers: tuple[str, ...]) -> list[str]:
     """cmake -D options that build every target (libraries included) with ``sanitizers``."""
     if not sanitizers:
         return []
-    fsan = "-fsanitize=" + ",".join(sanitizers)
+    fsan = compile_flag(sanitizers)
     cflags = " ".join([fsan, *COMPILE_FLAGS])
     return [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}",
             f"-DCMAKE_EXE_LINKER_FLAGS={fsan}", f"-DCMAKE_SHARED_LINKER_FLAGS={fsan}",
