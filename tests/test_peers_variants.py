@@ -21,34 +21,13 @@ from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import get_peer, get_pin, load_pins, probe_hello
 from harness.impls.source import apply_patch, has_rdma_transport
 from harness.impls.supervisor import start_peer_server
+from peer_sessions import BASIC_SESSION
 
 pytestmark = pytest.mark.realpeer
 
 RPC_CPP = "ggml/src/ggml-rpc/ggml-rpc.cpp"
 LOG_LINE = 'printf("  local cache    : %s\\n", cache_dir ? cache_dir : "n/a");'
 PATCHED_LOG_LINE = 'printf("  local cache    : %s (patched)\\n", cache_dir ? cache_dir : "n/a");'
-
-# a session through every kind of command a client sends: the sanitizer and RDMA builds must
-# answer it byte for byte as the release does
-SESSION = [
-    {"op": "buffer_type"}, {"op": "device_memory"},
-    {"op": "alloc_buffer", "name": "w", "size": 1 << 16, "usage": "weights"},
-    {"op": "alloc_buffer", "name": "act", "size": 1 << 16, "usage": "compute"},
-    {"op": "tensor", "name": "a", "buffer": "w", "offset": 0, "ne": [64]},
-    {"op": "tensor", "name": "b", "buffer": "w", "offset": 1024, "ne": [64]},
-    {"op": "set", "tensor": "a", "fill": {"pattern": "random", "seed": 1}},
-    {"op": "set", "tensor": "b", "fill": {"pattern": "random", "seed": 2}},
-    {"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"], "buffer": "act", "offset": 0},
-    {"op": "node", "name": "p", "kind": "mul", "inputs": ["s", "b"], "buffer": "act",
-     "offset": 1024},
-    {"op": "compute", "outputs": ["p"]},
-    {"op": "get", "tensor": "p"},
-    {"op": "copy", "src": "a", "dst": "b"},
-    {"op": "memset", "tensor": "b", "offset": 8, "size": 16, "value": 0},
-    {"op": "get", "tensor": "b"}, {"op": "clear", "buffer": "act", "value": 0},
-    {"op": "free_buffer", "buffer": "act"}, {"op": "free_buffer", "buffer": "w"},
-]
-
 
 def _built(name: str):
     peer = get_peer(name)
@@ -63,7 +42,7 @@ def _session(peer, tmp_path: Path, tag: str) -> list:
         assert version == (7, 0, 0)
         with RefClientDriver("7.0.0") as driver:
             driver.run({"op": "connect", "endpoint": server.endpoint})
-            results = [driver.run(step).result for step in SESSION]
+            results = [driver.run(step).result for step in BASIC_SESSION]
             driver.run({"op": "close"})
         assert server.poll() is None, server.log_tail(30)
         log = server.log_text()
