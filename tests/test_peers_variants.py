@@ -36,7 +36,8 @@ def _built(name: str):
     return peer
 
 
-def _session(peer, tmp_path: Path, tag: str) -> list:
+def _session(peer, tmp_path: Path, tag: str) -> tuple[list, str]:
+    """Run BASIC_SESSION with the reference client; (digests of the reads, server log)."""
     with start_peer_server(peer, workdir=tmp_path / tag) as server:
         version, _ = probe_hello(server.host, server.port, 7)
         assert version == (7, 0, 0)
@@ -47,7 +48,7 @@ def _session(peer, tmp_path: Path, tag: str) -> list:
         assert server.poll() is None, server.log_tail(30)
         log = server.log_text()
     assert "Sanitizer" not in log, log
-    return [(r.get("fnv"), r.get("size")) for r in results if "fnv" in r]
+    return [(r.get("fnv"), r.get("size")) for r in results if "fnv" in r], log
 
 
 def _p7_sdist() -> Path:
@@ -148,10 +149,10 @@ def test_sanitizer_p7_answers_a_session_like_the_release(tmp_path):
         environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         assert any(e.startswith(b"ASAN_OPTIONS=") and b"abort_on_error=1" in e for e in environ)
         assert any(e.startswith(b"UBSAN_OPTIONS=") and b"halt_on_error=1" in e for e in environ)
-    sanitized = _session(asan, tmp_path, "asan")
+    sanitized, _ = _session(asan, tmp_path, "asan")
     release = get_peer("p7")
     if release.available:
-        assert sanitized == _session(release, tmp_path, "release")
+        assert sanitized == _session(release, tmp_path, "release")[0]
 
 
 def test_rdma_p7_links_libibverbs_and_serves_over_tcp_without_a_device(tmp_path):
@@ -160,7 +161,9 @@ def test_rdma_p7_links_libibverbs_and_serves_over_tcp_without_a_device(tmp_path)
     lib = next(iter(sorted(rdma.lib_dir.glob("libggml-rpc.so*"))))
     needed = peer_build.needed_libraries(lib.resolve())
     assert any(n.startswith("libibverbs.so") for n in needed), needed
-    over_tcp = _session(rdma, tmp_path, "rdma")  # no verbs device here: the TCP fallback
+    over_tcp, log = _session(rdma, tmp_path, "rdma")  # no verbs device here: TCP fallback
+    assert "transport      : TCP (RDMA auto-negotiate enabled)" in log
     release = get_peer("p7")
     if release.available:
-        assert over_tcp == _session(release, tmp_path, "release")
+        digests, release_log = _session(release, tmp_path, "release")
+        assert over_tcp == digests and "RDMA" not in release_log
