@@ -519,6 +519,7 @@ def test_a_patched_pin_is_one_row_with_base_and_patch(tmp_path):
     ('name="r+x"\nbase="r"\npatch="x"', "reserved for variant tags"),
     ('name="rf"\nbase="r"\npatch="x"\ndialect="7.9.9"', "unknown dialect"),
     ('name="rf"\nbase="r"\nsanitize=["memory"]', "unknown sanitizer"),
+    ('name="rf"\nbase="r"', "otherwise it is r under another name"),
 ])
 def test_malformed_patched_pins_are_refused(row, message):
     with pytest.raises(ValueError, match=message):

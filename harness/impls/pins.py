@@ -193,6 +193,9 @@ def _based_pin(row: dict, pins: dict[str, Pin]) -> Pin:
         pin = dataclasses.replace(base, name=row["name"], label=row.get("label", row["name"]),
                                   base=base.name, note=row.get("note", ""))
     pin = pin.variant(sanitize=tuple(row.get("sanitize", ())), rdma=bool(row.get("rdma")))
+    if not pin.is_variant:
+        raise ValueError(f"pin {row['name']!r}: a pin with `base` needs a patch, sanitize or "
+                         f"rdma (otherwise it is {base.name} under another name)")
     return dataclasses.replace(pin, name=row["name"], label=row.get("label", pin.label))
 
 

@@ -22,8 +22,7 @@ from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, built_entries, manifest_pr
 from .pins import SANITIZER_TAGS, Pin, get_pin, load_pins, parse_pins
 from .realpeer import RealPeer, peer_from_pin
 from .source import header_proto
-from .user_builds import SERVER_NAMES, add_user_build, load_user_records, remove_user_build, \
-    user_peers
+from .user_builds import SERVER_NAMES, add_user_build, remove_user_build, user_peers
 from .verify import Verification, hello_request, probe_hello, verify_peer
 
 Peer = RealPeer  # the name before the split; "peer" alone means a real peer

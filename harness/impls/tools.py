@@ -13,6 +13,8 @@ from . import glibc_compat
 from .errors import BuildError
 from .pins import Pin
 
+OUTPUT_TAIL_LINES = 30  # lines of a failed step's output kept in its BuildError
+
 
 def find_tool(name: str) -> str | None:
     return glibc_compat.find_tool(name)
@@ -41,9 +43,6 @@ def missing_build_tools(pin: Pin) -> list[str]:
     if pin.rdma and not find_tool("readelf"):
         missing.append("readelf (apt-get install binutils)")
     return missing
-
-OUTPUT_TAIL_LINES = 30
-
 
 def run_logged(cmd: Sequence[str], *, log_path: Path, what: str, env: dict | None = None,
                 cwd: Path | None = None, on_line: Callable[[str], None] | None = None) -> None:
