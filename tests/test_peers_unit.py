@@ -192,7 +192,7 @@ def test_probe_hello_against_fake_server(fake_server, monkeypatch, version):
         assert ".".join(map(str, got)) == version
         assert flags == (None if major < 4 else 0)
         # The wrong layout is reported, not misread.
-        with pytest.raises(registry.VerificationError, match="bytes"):
+        with pytest.raises(registry.VerificationError, match="layout: malformed HELLO"):
             probe_hello(server.host, server.port, 7 if major < 4 else 3)
 
 

@@ -4,19 +4,17 @@ its banner, read from a short-lived run of it."""
 from __future__ import annotations
 
 import socket
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
 
-from ..proto import DIALECTS, Cmd, Dialect, HelloRequest, pack_request, response_payload_size, \
-    unpack_response_payload
-from ..proto.errors import ProtocolError
-from ..transport.tcp import recv_exact
+from ..proto import DIALECTS, ClientConnection, Dialect, HelloRequest, ProtocolError, Response, \
+    pack_request
 from .errors import MislabelledPeer, VerificationError
 from .supervisor import ServerStartError, start_peer_server
 
 HELLO_TIMEOUT = 5.0
+_RECV_BYTES = 4096  # a HELLO reply is 11 or 36 bytes; more than that is an error the codec names
 
 
 @dataclass
@@ -50,23 +48,31 @@ def probe_hello(host: str, port: int, major: int,
                 timeout: float = HELLO_TIMEOUT) -> tuple[tuple[int, int, int], int | None]:
     """Send HELLO in the proto-``major`` layout; returns ((major, minor, patch), flags or None).
 
-    Raises VerificationError when the reply does not have the layout that major implies.
+    The exchange goes through the codec's client connection, so a reply is checked exactly as
+    the reference client checks one. Raises VerificationError when there is no reply within
+    ``timeout`` or it does not have the layout that major implies.
     """
     dialect = hello_dialect(major)
-    expected_len = response_payload_size(dialect, HelloRequest())
+    conn = ClientConnection(dialect)
+    deadline = time.monotonic() + timeout
     try:
         with socket.create_connection((host, port), timeout=timeout) as sock:
-            sock.settimeout(timeout)
-            sock.sendall(hello_request(major))
-            length, = struct.unpack("<Q", recv_exact(sock, 8))
-            if length != expected_len:
-                raise VerificationError(f"HELLO reply is {length} bytes, a proto-{major} server "
-                                        f"sends {expected_len}")
-            reply = unpack_response_payload(dialect, Cmd.HELLO, recv_exact(sock, length))
+            sock.sendall(conn.send(HelloRequest()))
+            while True:
+                event = conn.next_event()
+                if isinstance(event, Response):
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise socket.timeout("timed out")
+                sock.settimeout(remaining)
+                conn.receive_data(sock.recv(_RECV_BYTES))
     except (OSError, ConnectionError) as e:
         raise VerificationError(f"no HELLO reply from {host}:{port} ({e})") from None
     except ProtocolError as e:
-        raise VerificationError(f"malformed HELLO reply from {host}:{port}: {e}") from None
+        raise VerificationError(f"HELLO reply from {host}:{port} does not have the proto-{major} "
+                                f"layout: {e}") from None
+    reply = event.message
     return reply.version, (reply.flags if dialect.hello_caps else None)
 
 
