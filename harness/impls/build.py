@@ -1,4 +1,4 @@
-"""Build pins (releases and their variants) into the harness cache (recipe: docs of real peers §2).
+"""Build pins (releases and their variants) into the harness cache.
 
 ``build_pin("p7")`` downloads the sdist with pip, unpacks only llama.cpp, applies the pin's patch
 if it has one, configures it with cmake + Ninja (with the variant's sanitizers or RDMA), builds
@@ -44,8 +44,8 @@ from .verify import verify_peer
 __all__ = [
     "BuildError", "BuildProgress", "BuildResult", "LineProgress", "OUTPUT_TAIL_LINES",
     "PatchRejected", "RichBuildProgress", "ToolMissing", "VariantUnsupported", "all_pin_names",
-    "build_pin", "build_pins", "extra_targets_for", "find_tool", "missing_build_tools",
-    "patched_pin", "remove_pin",
+    "build_pin", "build_pins", "cmake_flags", "extra_targets_for", "find_tool",
+    "missing_build_tools", "needed_libraries", "patched_pin", "remove_pin",
 ]
 
 WHEEL_BASE_TARGET = "libggml-rpc"
@@ -85,8 +85,8 @@ def _configure_and_build(pin: Pin, source: Path, build: Path, targets: list[str]
     tests = any(t.startswith("test-") for t in targets)
     configure = [cmake, "-S", str(source), "-B", str(build), "-G", "Ninja",
                  f"-DCMAKE_MAKE_PROGRAM={ninja}", *cmake_flags(pin, tests)]
-    progress.stage(pin.name, "configure", "cmake -G Ninja" + "".join(
-        f" {f}" for f in configure if "RDMA" in f or "fsanitize" in f and "CXX" in f))
+    shown = [f for f in configure if "RDMA" in f or ("fsanitize" in f and "CXX_FLAGS=" in f)]
+    progress.stage(pin.name, "configure", " ".join(["cmake -G Ninja", *shown]))
     t0 = time.monotonic()
     try:
         run_logged(configure, log_path=stage_dir / "configure.log", what="cmake configure", env=env)
