@@ -102,7 +102,9 @@ def _fake_argv(script, mode="serve"):
 # ---------------------------------------------------------------------------------- pins
 def test_shipped_pins_parse_and_match_the_version_map():
     pins = load_pins()
-    assert list(pins) == list(EXPECTED_PINS)
+    # the releases; patched pins (rows with `base`) may follow them without touching this test
+    assert [name for name, pin in pins.items() if not pin.base] == list(EXPECTED_PINS)
+    assert all(pin.base in EXPECTED_PINS for pin in pins.values() if pin.base)
     for name, (package, version, proto, kind, target) in EXPECTED_PINS.items():
         pin = pins[name]
         assert (pin.package, pin.version, pin.proto, pin.kind, pin.server_target) == \
