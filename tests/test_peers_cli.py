@@ -79,7 +79,7 @@ def test_patched_pin_with_a_missing_patch_file_is_an_error(tmp_path):
 
 def test_patched_pin_cannot_take_a_shipped_name(tmp_path):
     patch = tmp_path / "x.patch"
-    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-taken\n+name\n")
     result = runner.invoke(app, ["peers", "build", "--base", "p7", "--patch", str(patch),
                                  "--name", "p6"], env={"COLUMNS": "200"})
     assert result.exit_code != 0 and "already defines p6" in result.output
@@ -98,3 +98,17 @@ def test_remove_a_built_variant(tmp_path):
     result = runner.invoke(app, ["peers", "remove", "p7+rdma"], env={"COLUMNS": "200"})
     assert result.exit_code == 0 and pin.key in result.output
     assert not pin.entry_dir.exists()
+
+
+def test_a_cli_patch_equal_to_a_shipped_patched_pin_is_that_pin(tmp_path, monkeypatch):
+    from harness.impls import build, pins
+
+    patch = tmp_path / "same.patch"
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-same\n+content\n")
+    shipped = {**pins.load_pins()}
+    shipped["p7x"] = shipped["p7"].patched("p7x", patch)
+    monkeypatch.setattr(build, "load_pins", lambda: shipped)
+    assert build.patched_pin("p7", patch, "mine") is shipped["p7x"]
+    other = tmp_path / "other.patch"
+    other.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-same\n+other\n")
+    assert build.patched_pin("p7", other, "mine").name == "mine"

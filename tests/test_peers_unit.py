@@ -588,7 +588,7 @@ def _fake_entry(pin, manifest_extra=None):
 
 def test_built_variants_and_cli_patched_pins_are_listed_and_removable(cache, tmp_path):
     patch = tmp_path / "mine.patch"
-    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-mine\n+ours\n")
     mine = get_pin("p7").patched("mine", patch)
     asan = get_pin("p7+asan")
     for pin in (mine, asan, mine.variant(rdma=True)):
@@ -625,9 +625,9 @@ def test_adding_a_patched_pin_is_one_row_of_the_shipped_file(tmp_path):
     patch = tmp_path / "seed000.patch"
     patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
     shipped = importlib.resources.files("harness.impls").joinpath("pins.toml").read_text()
-    pins = parse_pins(shipped + f'\n[[pin]]\nname = "p7f"\nbase = "p7"\npatch = "{patch}"\n'
+    pins = parse_pins(shipped + f'\n[[pin]]\nname = "p7new"\nbase = "p7"\npatch = "{patch}"\n'
                       'dialect = "7.0.0+flags"\nnote = "our own implementation"\n')
-    p7f = pins["p7f"]
-    assert list(pins)[-1] == "p7f" and p7f.base == "p7" and p7f.proto == "7.0.0"
-    assert p7f.key.startswith("llama-cpp-python==0.3.36+patch-")
-    assert p7f.variant(sanitize="address").name == "p7f+asan"
+    p7new = pins["p7new"]
+    assert list(pins)[-1] == "p7new" and p7new.base == "p7" and p7new.proto == "7.0.0"
+    assert p7new.key.startswith("llama-cpp-python==0.3.36+patch-")
+    assert p7new.variant(sanitize="address").name == "p7new+asan"

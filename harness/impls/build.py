@@ -381,14 +381,20 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
 
 
 def patched_pin(base: str, patch: Path | str, name: str) -> Pin:
-    """The pin ``--base BASE --patch FILE --name NAME`` describes. A name pins.toml already
-    uses is accepted only for the same base and the same patch content (it is that pin)."""
+    """The pin ``--base BASE --patch FILE --name NAME`` describes. A pins.toml pin with the same
+    base and patch content is that pin (one entry, one name); a name pins.toml already uses for
+    something else is refused."""
     if not name or "+" in name:
         raise BuildError(f"--name {name!r}: give a name without '+' (it separates variant tags)")
     path = Path(patch).expanduser().resolve()
     if not path.is_file():
         raise PatchRejected(f"patch file {patch} not found")
     pin = resolve_pin(base).patched(name, path)
+    same = [p for p in load_pins().values()
+            if p.base == pin.base and p.patch_sha256 == pin.patch_sha256 and not p.sanitize
+            and not p.rdma]
+    if same:
+        return same[0]
     shipped = load_pins().get(name)
     if shipped is not None:
         if shipped.base == pin.base and shipped.patch_sha256 == pin.patch_sha256:
