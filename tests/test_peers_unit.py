@@ -631,3 +631,15 @@ def test_adding_a_patched_pin_is_one_row_of_the_shipped_file(tmp_path):
     assert list(pins)[-1] == "p7new" and p7new.base == "p7" and p7new.proto == "7.0.0"
     assert p7new.key.startswith("llama-cpp-python==0.3.36+patch-")
     assert p7new.variant(sanitize="address").name == "p7new+asan"
+
+
+def test_the_client_library_of_a_sanitizer_build_gets_its_runtimes_preloaded(cache):
+    from harness.impls.realpeer import client_library_env
+
+    asan = get_pin("p7+asan")
+    _fake_entry(asan, {"sanitize": ["address"], "sanitizer_runtimes": ["libasan.so.8"]})
+    env = client_library_env(asan.bin_dir)
+    assert env["LD_PRELOAD"] == "libasan.so.8" and "detect_leaks=0" in env["ASAN_OPTIONS"]
+    release = get_pin("p7")
+    _fake_entry(release)
+    assert client_library_env(release.bin_dir) == {}

@@ -127,6 +127,18 @@ def _peer_of(pin: Pin, **where) -> RealPeer:
                     patch_sha256=pin.patch_sha256, **where)
 
 
+def client_library_env(lib_dir: Path | str) -> dict[str, str]:
+    """What a process loading a build's libraries (the ctypes client) needs in its environment:
+    nothing for a release; for a sanitizer build its runtimes preloaded (an uninstrumented
+    Python must load them before anything else) and the sanitizers' runtime options."""
+    manifest = read_manifest(Path(lib_dir).parent) or {}
+    runtimes = manifest.get("sanitizer_runtimes") or []
+    if not runtimes:
+        return {}
+    return {"LD_PRELOAD": " ".join(runtimes),
+            **sanitizers.runtime_env(tuple(manifest.get("sanitize", ())))}
+
+
 def peer_from_user_record(record: dict) -> RealPeer:
     server = Path(record["server"]) if record.get("server") else None
     lib_dir = Path(record["lib_dir"]) if record.get("lib_dir") else None
