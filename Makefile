@@ -28,8 +28,13 @@ peers: $(STAMP)
 	$(BIN)/harness peers build p7 --sanitize address,undefined
 	$(BIN)/harness peers build p7 --rdma
 
+# Skips the run accepts, each a known gap rather than a missing set-up step: the 8.0.0 wheel
+# ships libraries but no llama-simple, and the model client does not run from a container.
+# Any other skip for a missing peer, program or device fails the run.
+MATRIX_ALLOW_SKIP ?= --allow-skip p8:llama-simple --allow-skip "runs natively only"
+
 matrix: peers
-	$(BIN)/harness matrix
+	$(BIN)/harness matrix $(MATRIX_ALLOW_SKIP)
 
 # pytest exits 5 when a selection collects nothing; that is not a failure here.
 test: peers
