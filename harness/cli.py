@@ -411,6 +411,9 @@ def fuzz(
     fail_on_findings: bool = typer.Option(False, "--fail-on-findings", help="Exit 1 if anything "
                                           "was found (for CI gating a server that must be "
                                           "clean, like the reference one)."),
+    engine: str = typer.Option("live", "--engine", help="live: the server process over TCP; "
+                               "libfuzzer: the pin's server code in process, coverage-guided, "
+                               "with ASan/UBSan (built with clang-16 on first use)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -420,7 +423,7 @@ def fuzz(
                                   rss_limit=parse_size(rss_limit), as_limit=parse_size(as_limit),
                                   corpus=corpus, shrink_seconds=shrink_seconds,
                                   max_steps=max_steps, keep_work=keep_work,
-                                  fail_on_findings=fail_on_findings))
+                                  fail_on_findings=fail_on_findings, engine=engine))
 
 
 @app.command()

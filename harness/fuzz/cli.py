@@ -14,7 +14,8 @@ CLIENT_PREFIX = "client:"
 def fuzz_command(console: Console, *, target: str, dialect: str | None, duration: str,
                  seed: int | None, workers: int, out: Path | None, deadline: float,
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
-                 max_steps: int, keep_work: bool, fail_on_findings: bool = False) -> int:
+                 max_steps: int, keep_work: bool, fail_on_findings: bool = False,
+                 engine: str = "live") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found)."""
     from .display import LiveProgress, parse_duration
@@ -24,7 +25,16 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
     except ValueError as e:
         console.print(f"[red]{e}")
         return 2
-    if target.startswith(CLIENT_PREFIX):
+    if engine not in ("live", "libfuzzer"):
+        console.print(f"[red]unknown engine {engine!r}: live or libfuzzer")
+        return 2
+    if engine == "libfuzzer":
+        from .libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
+        cfg = LibFuzzerConfig(target=target, duration=seconds, seed=seed, workers=workers,
+                              out=out, deadline=deadline, rss_limit=rss_limit,
+                              as_limit=as_limit, corpus=corpus, keep_work=keep_work)
+        runner = run_libfuzzer_campaign
+    elif target.startswith(CLIENT_PREFIX):
         from .client import ClientCampaignConfig, run_client_campaign
         cfg = ClientCampaignConfig(peer=target[len(CLIENT_PREFIX):], duration=seconds, seed=seed,
                                    out=out, step_timeout=max(deadline, 5.0))
