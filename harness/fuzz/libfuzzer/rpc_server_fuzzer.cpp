@@ -96,6 +96,9 @@ struct Connection {
     }
 
     bool read(void * data, size_t size) {
+        if (size == 0) {
+            return true;  // an empty payload (data may be null): nothing to read, like recv()
+        }
         if (input.size() - pos < size) {
             pos = input.size();  // a short read: the client hung up mid-frame
             return false;
@@ -103,7 +106,7 @@ struct Connection {
         if (size >= 8) {
             relocate(pos, pos + size - 7);
         }
-        memcpy(data, &input[pos], size);
+        memcpy(data, input.data() + pos, size);
         pos += size;
         if (size == 1) {
             last_cmd = ((const uint8_t *)data)[0];  // servers read the command byte alone
@@ -183,6 +186,7 @@ static Connection * g_next = nullptr;  // the connection socket_t::accept() hand
 // and unwinds back to LLVMFuzzerTestOneInput with an exception, so one shallow assert does not
 // end every fuzzing job (a sanitizer error still ends the process: memory is suspect then).
 // HARNESS_FUZZ_ABORT=1 restores the server's behaviour (abort), e.g. to reproduce a finding.
+// The event's offset is the server's read position (the byte after the last one it read).
 
 namespace harness_fuzz {
 
@@ -191,6 +195,7 @@ struct Aborted {};
 static Connection * g_running = nullptr;
 static const char * g_events = nullptr;
 static bool g_abort = false;
+static const char * g_abort_only = nullptr;
 static std::unordered_set<std::string> * g_seen = nullptr;
 static unsigned long g_event_no = 0;
 
@@ -221,7 +226,10 @@ static void on_abort(const char * message) {
     if (g_seen->insert(message).second) {
         write_event("abort", message);
     }
-    if (g_abort || g_running == nullptr) {
+    // HARNESS_FUZZ_ABORT_ONLY=text: abort on that message only, survive the others (so
+    // libFuzzer's -minimize_crash keeps the finding's own assert, not any assert).
+    bool chosen = g_abort_only == nullptr || strstr(message, g_abort_only) != nullptr;
+    if (g_running == nullptr || ((g_abort || g_abort_only != nullptr) && chosen)) {
         abort();
     }
     throw Aborted();
@@ -371,6 +379,7 @@ extern "C" int LLVMFuzzerInitialize(int * argc, char *** argv) {
     g_cache_dir = getenv("HARNESS_FUZZ_CACHE_DIR");
     harness_fuzz::g_events = getenv("HARNESS_FUZZ_EVENTS");
     harness_fuzz::g_abort = getenv("HARNESS_FUZZ_ABORT") != nullptr;
+    harness_fuzz::g_abort_only = getenv("HARNESS_FUZZ_ABORT_ONLY");
     ggml_set_abort_callback(harness_fuzz::on_abort);
 #ifdef HARNESS_ASAN
     __asan_set_error_report_callback(harness_fuzz::on_asan_report);
