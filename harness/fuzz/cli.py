@@ -33,7 +33,9 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
         cfg = LibFuzzerConfig(target=target, duration=seconds, seed=seed, workers=workers,
                               out=out, deadline=deadline, rss_limit=rss_limit,
                               as_limit=as_limit, corpus=corpus, keep_work=keep_work)
-        runner = run_libfuzzer_campaign
+        def runner(cfg, on_progress):  # the first use builds the target: say so
+            return run_libfuzzer_campaign(cfg, on_progress=on_progress, progress_build=lambda
+                                          line: console.print(line, highlight=False))
     elif target.startswith(CLIENT_PREFIX):
         from .client import ClientCampaignConfig, run_client_campaign
         cfg = ClientCampaignConfig(peer=target[len(CLIENT_PREFIX):], duration=seconds, seed=seed,

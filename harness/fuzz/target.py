@@ -395,7 +395,8 @@ class Target:
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
         env = dict(os.environ, GGML_NO_BACKTRACE="1")
-        return ServerProcess.start(argv, with_shim(env, spec.binary) if self.fault_shim else env,
+        env = with_shim(env, spec.binary) if self.fault_shim else env
+        return ServerProcess.start(argv, env,
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=workdir, ready_timeout=self.ready_timeout)
 

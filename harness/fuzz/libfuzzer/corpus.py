@@ -21,7 +21,6 @@ import struct
 from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
-from hypothesis import strategies as st
 
 from ...capture.transcript import Transcript
 from ...proto import Cmd, get_dialect

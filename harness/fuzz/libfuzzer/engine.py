@@ -289,7 +289,8 @@ def triage(binary: Path, events: Path, artifacts: Path, dialect: str, env: dict,
             continue
         add(got[0], data, got[1], f"{head.get('kind', '?')} event", body)
     pending = sorted((p for p in artifacts.iterdir() if p.is_file()
-                      and p.name.split("-", 1)[-1] not in explained), key=lambda p: p.stat().st_size)
+                      and p.name.split("-", 1)[-1] not in explained),
+                     key=lambda p: p.stat().st_size)
     for art in pending[:MAX_RERUNS]:
         data = art.read_bytes()
         log = rerun(binary, art, env, deadline)
@@ -358,10 +359,11 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         if on_progress is not None:
             on_progress(progress)
 
+    fuzz_started = time.monotonic()
     rc = _run_fuzzer(build.binary, libfuzzer_args(cfg, seed, dictionary, artifacts, remaining)
                      + [str(dirs["inputs"]), str(seeds)], env, work / "libfuzzer.log", timeline,
                      time.monotonic() + remaining + FINALISE_GRACE, on_line)
-    fuzz_seconds = time.monotonic() - started
+    fuzz_seconds = time.monotonic() - fuzz_started
     found, seen, not_rerun = triage(build.binary, events, artifacts, dialect, env, cfg.deadline)
     # Minimisation: a few seconds each, at most a fifth of the campaign's duration in all.
     budget_end = time.monotonic() + max(cfg.duration / 5, 30.0)
