@@ -153,8 +153,14 @@ def _commands_read(binary: Path, data: bytes, tmp_path: Path) -> list[int]:
     run = subprocess.run([str(binary), str(path)], capture_output=True, text=True, timeout=120,
                          env={"HARNESS_FUZZ_TRACE": "1", "PATH": "/usr/bin:/bin",
                               "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=0"})
-    return [int(x.split()[2]) for x in run.stderr.splitlines()
-            if x.startswith("harness-fuzz: command ")]
+    runs: list[list[int]] = []
+    for x in run.stderr.splitlines():
+        if x.startswith("harness-fuzz: command "):
+            if x.endswith(" at byte 0"):
+                runs.append([])  # libFuzzer may run a file input more than once
+            runs[-1].append(int(x.split()[2]))
+    assert runs and all(r == runs[0] for r in runs)
+    return runs[0]
 
 
 @pytest.mark.realpeer
@@ -197,3 +203,16 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     # Aborts are what the live server does too: they must replay against it.
     aborts = [f for f in report["findings"] if f["signature"]["signal"] == "SIGABRT"]
     assert aborts and any(f["replays"] for f in aborts)
+
+
+def test_cli_engine_option_refuses_what_it_cannot_run():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    runner = CliRunner()
+    bad = runner.invoke(app, ["fuzz", "--engine", "afl", "--target", "ref", "--duration", "1s"])
+    assert bad.exit_code == 2 and "unknown engine" in bad.output
+    # The reference server is Python: there is no server code to build in process.
+    ref = runner.invoke(app, ["fuzz", "--engine", "libfuzzer", "--target", "ref",
+                              "--duration", "1s"])
+    assert ref.exit_code == 2 and "pin built from sources" in ref.output

@@ -20,6 +20,7 @@
 
 #include "ggml-cpu.h"
 
+#include <cxxabi.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -28,6 +29,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <typeinfo>
 #include <unordered_set>
 #include <vector>
 
@@ -178,7 +180,7 @@ static Connection * g_next = nullptr;  // the connection socket_t::accept() hand
 
 }  // namespace harness_fuzz
 
-// ---- findings the process survives: GGML_ASSERT / GGML_ABORT
+// ---- findings the process survives: GGML_ASSERT / GGML_ABORT, uncaught exceptions
 //
 // A real server aborts on a failed GGML_ASSERT. Here the abort callback records the abort
 // (HARNESS_FUZZ_EVENTS=dir: <dir>/<pid>-<n>.event with the message and the request that was
@@ -233,6 +235,15 @@ static void on_abort(const char * message) {
         abort();
     }
     throw Aborted();
+}
+
+static void on_exception(const char * text) {
+    if (g_seen == nullptr) {
+        g_seen = new std::unordered_set<std::string>();
+    }
+    if (g_seen->insert(text).second) {
+        write_event("abort", text);
+    }
 }
 
 #if defined(__has_feature)
@@ -406,6 +417,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
         rpc_serve_client(*g_backends, g_cache_dir, listener->accept());
     } catch (const harness_fuzz::Aborted &) {
         // The server would have died here; the event is recorded, the fuzzer goes on.
+    } catch (const std::exception & e) {
+        // Uncaught by the server: its process would end in std::terminate. Recorded with
+        // the line the C++ runtime prints then, so it is named like a live server's death.
+        if (harness_fuzz::g_abort) {
+            throw;
+        }
+        int status = 0;
+        char * name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+        std::string line = std::string("terminate called after throwing an instance of '") +
+                           (status == 0 && name ? name : typeid(e).name()) + "'\n  what():  " +
+                           e.what();
+        free(name);
+        harness_fuzz::on_exception(line.c_str());
     }
     harness_fuzz::g_next = nullptr;
     harness_fuzz::g_running = nullptr;
