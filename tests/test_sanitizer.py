@@ -150,3 +150,15 @@ def test_harness_frames_are_not_project_frames():
     r = report("harness-ubsan-null-argument.txt")
     assert r.frames[0].func.startswith("harness_fuzz::Connection::read")
     assert r.project_frames[0].func.startswith("rpc_serve_client")
+
+
+def test_a_recoverable_ubsan_report_does_not_hide_what_killed_the_process():
+    ubsan = (FIX / "ubsan-misaligned-graph-compute.txt").read_text().splitlines()
+    asan = (FIX / "asan-heap-use-after-free.txt").read_text().splitlines()
+    assert sanitizer.parse(ubsan + asan).bug_type == "heap-use-after-free"
+    assert_line = "/src/ggml/src/ggml.c:1787: GGML_ASSERT(INT64_MAX / ne[i] > current_nelements) " \
+                  "failed"
+    assert sanitizer.parse(ubsan + [assert_line]) is None  # the assert is the death
+    assert death_line(ubsan + [assert_line]).startswith("ggml.c:1787: GGML_ASSERT(")
+    # Alone, it is the last thing that happened: the report.
+    assert sanitizer.parse(ubsan).tool == "UndefinedBehaviorSanitizer"

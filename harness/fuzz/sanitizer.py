@@ -166,17 +166,31 @@ def _abort_before(lines: list[str], end: int) -> str:
 def parse(text: str | list[str]) -> SanitizerReport | None:
     """The first sanitizer or libFuzzer error report in ``text`` (a log), or None."""
     lines = text.splitlines() if isinstance(text, str) else list(text)
+    # What ended the process comes first: an ASan/LSan error, then libFuzzer's (a deadly signal
+    # names the abort before it); a UBSan runtime error only when it is the last thing that
+    # happened -- recoverable ones (alignment) are printed and the process goes on.
     for i, line in enumerate(lines):
         m = _ASAN.search(line)
         if m:
             return _from_asan(lines, i, m.group(1), m.group("rest"))
-        u = _UBSAN.match(line.strip())
-        if u:
-            return _from_ubsan(lines, i, u)
+    for i, line in enumerate(lines):
         f = _LIBFUZZER.search(line)
         if f:
             return _from_libfuzzer(lines, i, f.group("rest"))
-    return None
+    last = None
+    for i, line in enumerate(lines):
+        u = _UBSAN.match(line.strip())
+        if u:
+            last = (i, u)
+    if last is None:
+        return None
+    if any(_is_abort_line(x) for x in lines[last[0] + 1:]):
+        return None  # an assert after it killed the process: the log's abort line says so
+    return _from_ubsan(lines, *last)
+
+
+def _is_abort_line(line: str) -> bool:
+    return "GGML_ASSERT" in line or "GGML_ABORT" in line or "terminate called" in line
 
 
 def _finish(report: SanitizerReport, lines: list[str], start: int) -> SanitizerReport:

@@ -184,25 +184,27 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     if not dst.is_file() or len(dst.read_bytes()) >= len(failure.data):
         return failure.data, False
     data = dst.read_bytes()
-    got = signature_of(rerun(binary, dst, env, deadline), dialect, data)
+    log = rerun(binary, dst, env, deadline)
+    got = signature_of(log, dialect, data) if log is not None else None
     if got is None or not got[0].same_bug(failure.signature, command=False):
         return failure.data, False
     failure.signature = got[0]  # the command of the minimal input (like a lockstep run)
     return data, True
 
 
-def rerun(binary: Path, data_path: Path, env: dict, timeout: float) -> str:
-    """One input through the target, aborting like the server and tracing commands: the log."""
+def rerun(binary: Path, data_path: Path, env: dict, timeout: float) -> str | None:
+    """One input through the target, aborting like the server and tracing commands: its log,
+    or None when it ran to the end (a recoverable report alone is no failure)."""
     env = dict(env, HARNESS_FUZZ_TRACE="1", HARNESS_FUZZ_ABORT="1")
     env.pop("HARNESS_FUZZ_EVENTS", None)
     try:
         r = subprocess.run([str(binary), f"-timeout={max(int(timeout), 1)}", str(data_path)],
                            env=env, capture_output=True, text=True, errors="replace",
                            timeout=timeout * 3 + 30)
-        return r.stderr
     except subprocess.TimeoutExpired as e:
-        return (e.stderr or b"").decode(errors="replace") if isinstance(e.stderr, bytes) \
-            else (e.stderr or "")
+        out = e.stderr or b""
+        return out.decode(errors="replace") if isinstance(out, bytes) else out
+    return r.stderr if r.returncode != 0 else None
 
 
 # ---------------------------------------------------------------- triage
@@ -294,7 +296,7 @@ def triage(binary: Path, events: Path, artifacts: Path, dialect: str, env: dict,
     for art in pending[:MAX_RERUNS]:
         data = art.read_bytes()
         log = rerun(binary, art, env, deadline)
-        got = signature_of(log, dialect, data)
+        got = signature_of(log, dialect, data) if log is not None else None
         if got is None:
             continue  # did not fail alone (state of the job that found it, or timing)
         add(got[0], data, got[1], art.name, log)
@@ -471,6 +473,9 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
     text = "\n".join(x for x in text.splitlines() if not x.startswith(
         ("| messages sent", "| messages/s", "| RSS ", "| target restarts", "| shrink attempts",
          "| connection outcomes", "| connections |"))) + "\n"
+    # The generator's mutation catalogue is not what drives this engine: its coverage is the
+    # server code's (below), not the command x field table.
+    text = text.split("\n## Coverage of the command x field space")[0] + "\n"
     head, sep, rest = text.partition("\n## ")
     lines = ["", "## In-process engine (libFuzzer)", "",
              "| | |", "|---|---|",
