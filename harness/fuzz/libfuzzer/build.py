@@ -126,17 +126,22 @@ class FuzzBuild:
         return json.loads((self.entry / "manifest.json").read_text())
 
 
+def _flags(flavour: str) -> str:
+    return SANITIZER_FLAGS if flavour == "libfuzzer" else COVERAGE_FLAGS
+
+
 def entry_dir(pin_name: str, flavour: str) -> Path:
+    """The target's cache entry: per pin, flavour, harness sources and compiler flags."""
     pin = _resolve_pin(pin_name)
-    return peers_dir() / f"{pin.key}+{flavour}-{sources_hash()}"
+    key = hashlib.sha1(f"{sources_hash()}\0{_flags(flavour)}".encode()).hexdigest()[:10]
+    return peers_dir() / f"{pin.key}+{flavour}-{key}"
 
 
 def work_dir(pin_name: str, flavour: str) -> Path:
     """Where the pin's unpacked sources and ggml's objects stay between builds (per flavour
     and flags): a change of the harness's sources recompiles only its translation unit."""
     pin = _resolve_pin(pin_name)
-    flags = SANITIZER_FLAGS if flavour == "libfuzzer" else COVERAGE_FLAGS
-    key = hashlib.sha1(flags.encode()).hexdigest()[:8]
+    key = hashlib.sha1(_flags(flavour).encode()).hexdigest()[:8]
     return peers_dir() / f".{pin.key}+{flavour}-work-{key}"
 
 

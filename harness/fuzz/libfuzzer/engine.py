@@ -23,6 +23,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -66,7 +67,7 @@ class LibFuzzerConfig:
     seeds_valid: int = 150
     seeds_mutated: int = 150
     max_len: int = 1 << 16
-    minimise_seconds: float = 10.0  # libFuzzer -minimize_crash per finding
+    minimise_seconds: float = 12.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
     coverage: bool = True
     keep_work: bool = False
@@ -171,16 +172,24 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     src, dst = work / "input", work / "minimal"
     src.write_bytes(failure.data)
     dst.unlink(missing_ok=True)
-    run_env = dict(env, HARNESS_FUZZ_ABORT="1")
-    if failure.signature.signal == "SIGABRT":
-        run_env["HARNESS_FUZZ_ABORT_ONLY"] = failure.signature.line.removesuffix(": ...")
+    # Only the finding's own abort ends the process; for a sanitizer finding, none does.
+    own = failure.signature.line.removesuffix(": ...") \
+        if failure.signature.signal == "SIGABRT" else "\x01no abort"
+    run_env = dict(env, HARNESS_FUZZ_ABORT="1", HARNESS_FUZZ_ABORT_ONLY=own)
     run_env.pop("HARNESS_FUZZ_EVENTS", None)
+    # The minimiser runs rounds of -max_total_time each (child processes of its own): a
+    # quarter of the budget per round, the whole group ended when the budget is spent; the
+    # smallest input so far is in ``dst`` either way.
+    proc = subprocess.Popen([str(binary), "-minimize_crash=1",
+                             f"-max_total_time={max(int(seconds / 4), 1)}",
+                             f"-timeout={max(int(deadline), 1)}", f"-exact_artifact_path={dst}",
+                             str(src)], env=run_env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        subprocess.run([str(binary), "-minimize_crash=1", f"-max_total_time={max(int(seconds), 1)}",
-                        f"-timeout={max(int(deadline), 1)}", f"-exact_artifact_path={dst}",
-                        str(src)], env=run_env, capture_output=True, timeout=seconds * 2 + 60)
+        proc.wait(timeout=seconds)
     except subprocess.TimeoutExpired:
-        pass
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
     if not dst.is_file() or len(dst.read_bytes()) >= len(failure.data):
         return failure.data, False
     data = dst.read_bytes()

@@ -220,6 +220,16 @@ static void write_event(const char * kind, const char * text) {
     ++g_event_no;
 }
 
+// Does this abort / uncaught exception end the process? With HARNESS_FUZZ_ABORT, yes; with
+// HARNESS_FUZZ_ABORT_ONLY=text, only when its message contains the text (so libFuzzer's
+// -minimize_crash keeps the finding's own failure, not any other one on the way).
+static bool fatal(const char * message) {
+    if (g_abort_only != nullptr) {
+        return strstr(message, g_abort_only) != nullptr;
+    }
+    return g_abort;
+}
+
 static void on_abort(const char * message) {
     fprintf(stderr, "%s\n", message);
     if (g_seen == nullptr) {
@@ -228,10 +238,7 @@ static void on_abort(const char * message) {
     if (g_seen->insert(message).second) {
         write_event("abort", message);
     }
-    // HARNESS_FUZZ_ABORT_ONLY=text: abort on that message only, survive the others (so
-    // libFuzzer's -minimize_crash keeps the finding's own assert, not any assert).
-    bool chosen = g_abort_only == nullptr || strstr(message, g_abort_only) != nullptr;
-    if (g_running == nullptr || ((g_abort || g_abort_only != nullptr) && chosen)) {
+    if (g_running == nullptr || fatal(message)) {
         abort();
     }
     throw Aborted();
@@ -420,15 +427,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
     } catch (const std::exception & e) {
         // Uncaught by the server: its process would end in std::terminate. Recorded with
         // the line the C++ runtime prints then, so it is named like a live server's death.
-        if (harness_fuzz::g_abort) {
-            throw;
-        }
         int status = 0;
         char * name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
         std::string line = std::string("terminate called after throwing an instance of '") +
                            (status == 0 && name ? name : typeid(e).name()) + "'\n  what():  " +
                            e.what();
         free(name);
+        if (harness_fuzz::fatal(line.c_str())) {
+            throw;  // to std::terminate, as in the server
+        }
         harness_fuzz::on_exception(line.c_str());
     }
     harness_fuzz::g_next = nullptr;
