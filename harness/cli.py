@@ -518,6 +518,9 @@ def fuzz(
     min_messages: int = typer.Option(100, "--min-messages", help="Exit 2 if fewer messages "
                                      "were exchanged (or a worker's target never listened): "
                                      "a campaign that tested nothing is not a pass."),
+    engine: str = typer.Option("live", "--engine", help="live: the server process over TCP; "
+                               "libfuzzer: the pin's server code in process, coverage-guided, "
+                               "with ASan/UBSan (built with clang-16 on first use)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -529,7 +532,8 @@ def fuzz(
                                   max_steps=max_steps, keep_work=keep_work,
                                   fail_on_findings=fail_on_findings,
                                   min_messages=min_messages, shard=shard,
-                                  differential=differential, allow=allow))
+                                  differential=differential, allow=allow,
+                                  engine=engine))
 
 
 @app.command()

@@ -17,7 +17,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
                  max_steps: int, keep_work: bool, fail_on_findings: bool = False,
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
-                 differential: tuple[str, str] | None = None, allow: Path | None = None) -> int:
+                 differential: tuple[str, str] | None = None, allow: Path | None = None,
+                 engine: str = "live") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -34,6 +35,9 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
     if (target is None) == (differential is None):
         console.print("[red]give either --target or --differential A B")
         return 2
+    if engine not in ("live", "libfuzzer"):
+        console.print(f"[red]unknown engine {engine!r}: live or libfuzzer")
+        return 2
     if differential is not None:
         from .differential import DifferentialConfig, run_differential
         cfg = DifferentialConfig(a=differential[0], b=differential[1], dialect=dialect,
@@ -43,6 +47,14 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                                  allow=allow, min_messages=min_messages, keep_work=keep_work)
         runner = run_differential
         target = f"{differential[0]} vs {differential[1]}"
+    elif engine == "libfuzzer":
+        from .libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
+        cfg = LibFuzzerConfig(target=target, duration=seconds, seed=seed, workers=workers,
+                              out=out, deadline=deadline, rss_limit=rss_limit,
+                              as_limit=as_limit, corpus=corpus, keep_work=keep_work)
+        def runner(cfg, on_progress):  # the first use builds the target: say so
+            return run_libfuzzer_campaign(cfg, on_progress=on_progress, progress_build=lambda
+                                          line: console.print(line, highlight=False))
     elif target.startswith(CLIENT_PREFIX):
         from .client import ClientCampaignConfig, run_client_campaign
         cfg = ClientCampaignConfig(peer=target[len(CLIENT_PREFIX):], duration=seconds, seed=seed,

@@ -17,6 +17,7 @@ targets simply run without it (crash signatures are then coarser, nothing else c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -146,8 +147,30 @@ def shim_path() -> Path | None:
     return target
 
 
-def with_shim(env: dict[str, str]) -> dict[str, str]:
-    """``env`` with the shim preloaded (unchanged when it cannot be built)."""
+_SANITIZER_MARKS = (b"__asan_init", b"__ubsan_handle_", b"__msan_init", b"__tsan_init")
+
+
+@functools.lru_cache(maxsize=64)  # asked at every restart of a target
+def is_sanitized(binary: str | Path) -> bool:
+    """Is ``binary`` (or a libggml next to it) built with a sanitizer? Then its runtime
+    reports faults itself, far better than the shim, and must keep its own handlers."""
+    path = Path(binary)
+    for f in [path, *sorted(path.parent.glob("libggml*.so*"))]:
+        try:
+            with open(f, "rb") as fh:
+                data = fh.read()
+        except OSError:
+            continue
+        if any(mark in data for mark in _SANITIZER_MARKS):
+            return True
+    return False
+
+
+def with_shim(env: dict[str, str], binary: str | Path | None = None) -> dict[str, str]:
+    """``env`` with the shim preloaded (unchanged when it cannot be built, or when
+    ``binary`` is a sanitizer build)."""
+    if binary is not None and is_sanitized(binary):
+        return env
     shim = shim_path()
     if shim is None:
         return env

@@ -42,6 +42,7 @@ from ..proto import dialect_for_version, get_dialect
 from ..peer.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
+from . import sanitizer
 from .faultinfo import LINE_PREFIX, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
@@ -135,6 +136,10 @@ def death_line(log_lines: list[str], *, raw: bool = False) -> str:
                     where = f" at {Path(f.group(1)).name}:{f.group(2)}"
                     break
             return norm(m.group(1)[:200] + where)
+    report = sanitizer.parse(log_lines)  # ASan/UBSan builds: the report names the bug
+    if report is not None and not report.is_abort and report.tool != "libFuzzer":
+        return norm(report.summary or report.text.splitlines()[0]) if raw \
+            else report.signature_line()
     for line in log_lines:
         if line.startswith(LINE_PREFIX):
             text = _PATH.sub(r"\1", line[len(LINE_PREFIX):].strip())[:300]
@@ -278,6 +283,11 @@ def _dialect_or_none(name: str | None) -> str | None:
         return d.name if d else None
 
 
+def _server_binary(argv: list[str]) -> str:
+    """The server executable of a launch command (past wrappers such as stdbuf)."""
+    return next((a for a in argv if "rpc-server" in Path(a).name), argv[0])
+
+
 def _find_server_binary(path: Path) -> Path | None:
     if path.is_file():
         return path
@@ -385,9 +395,9 @@ class Target:
             if not peer.available:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
-            _, env = peer.server_cmd(self.host, 0, None, 1)
+            argv, env = peer.server_cmd(self.host, 0, None, 1)
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0],
-                                       with_shim(env), name=peer.name, host=self.host,
+                                       with_shim(env, _server_binary(argv)), name=peer.name, host=self.host,
                                        workdir=workdir, ready_timeout=self.ready_timeout)
         if spec.kind == "docker":
             from ..impls.docker_adapter import DockerServer
@@ -407,7 +417,8 @@ class Target:
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
         env = dict(os.environ, GGML_NO_BACKTRACE="1")
-        return ServerProcess.start(argv, with_shim(env) if self.fault_shim else env,
+        env = with_shim(env, spec.binary) if self.fault_shim else env
+        return ServerProcess.start(argv, env,
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=workdir, ready_timeout=self.ready_timeout)
 

@@ -1,0 +1,179 @@
+"""Fuzz inputs of the in-process target <-> the harness's cases.
+
+An input is the client's side of one connection, frame after frame, with handles and bases
+as the harness's sentinels (see :mod:`harness.fuzz.case`); the target relocates them against
+the values its server hands out (``rpc_server_fuzzer.cpp``). So:
+
+* :func:`case_to_input` -- a case's frames joined (up to the first step that shuts the
+  connection down): the seed corpus is the structured generator's sessions, valid ones (with
+  handles and bases learned on the connection) and mutated ones;
+* :func:`input_to_case` -- the frames of an input as steps that learn what the target learned
+  (the n-th ALLOC_BUFFER answer is buffer n's handle; a BUFFER_GET_BASE answer is the base of
+  the buffer it asks about), so a libFuzzer finding replays against a live server;
+* :func:`write_dictionary` -- command ids, frame headers (command + payload size) of every
+  command the generator sends, HELLO, and the sentinels, for libFuzzer's ``-dict``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from pathlib import Path
+
+from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
+
+from ...capture.transcript import Transcript
+from ...proto import Cmd, get_dialect
+from ..case import BASE, HANDLE, Case, annotate, find_relocs, sentinel, step
+from ..generate import cases
+from ..shrink import transcript_of
+
+FRAME_HEAD = 9  # command byte + u64 payload size
+_U64 = struct.Struct("<Q")
+CORPUS_FORMAT = "ggml-rpc-fuzz-corpus/1"
+
+
+def case_to_input(case: Case) -> bytes:
+    out = bytearray()
+    for s in case.steps:
+        out += s.frame
+        if s.eof:
+            break
+    return bytes(out)
+
+
+def split_frames(data: bytes) -> list[bytes]:
+    """The frames of a client stream (the last one may be cut short)."""
+    frames, pos = [], 0
+    while pos < len(data):
+        if len(data) - pos < FRAME_HEAD:
+            frames.append(data[pos:])
+            break
+        (size,) = _U64.unpack_from(data, pos + 1)
+        end = pos + FRAME_HEAD + min(size, len(data) - pos - FRAME_HEAD)
+        frames.append(data[pos:end])
+        pos = end
+    return frames
+
+
+def input_to_case(data: bytes, dialect: str) -> Case:
+    d = get_dialect(dialect)
+    steps = []
+    handles = 0
+    frames = split_frames(data)
+    for i, frame in enumerate(frames):
+        cmd = d.ids.get(frame[0])
+        name = cmd.value if cmd is not None else f"UNKNOWN_{frame[0]}"
+        learn = None
+        complete = len(frame) >= FRAME_HEAD and \
+            len(frame) == FRAME_HEAD + _U64.unpack_from(frame, 1)[0]
+        if i == 0 and cmd is not Cmd.HELLO:
+            pass
+        elif cmd is Cmd.ALLOC_BUFFER and complete:
+            learn = (HANDLE, handles)
+            handles += 1
+        elif cmd is Cmd.BUFFER_GET_BASE and complete:
+            asked = [r for r in find_relocs(frame) if r.kind == HANDLE and r.offset == FRAME_HEAD
+                     and r.addend == 0]
+            if asked:
+                learn = (BASE, asked[0].index)
+        # The input ends here: the target saw the end of the stream, the replay shuts down.
+        steps.append(step(frame, name, learn=learn, eof=i == len(frames) - 1 and not complete))
+    return annotate(d, tuple(steps))
+
+
+def input_name(data: bytes) -> str:
+    return hashlib.sha1(data).hexdigest()  # libFuzzer's own naming of corpus files
+
+
+def write_input(folder: Path, data: bytes) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / input_name(data)
+    if not path.exists():
+        path.write_bytes(data)
+    return path
+
+
+def draw_cases(dialect: str, n: int, *, seed: int = 0, mutation_odds: int = 8,
+               max_steps: int = 24) -> list[Case]:
+    """``n`` cases from the structured generator (the campaign's own strategy)."""
+    out: list[Case] = []
+    strategy = cases(dialect, max_steps=max_steps, mutation_odds=mutation_odds, local_only=True)
+
+    @settings(database=None, max_examples=n, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck))
+    @hyp_seed(seed)
+    @given(strategy)
+    def collect(case):
+        out.append(case)
+
+    collect()
+    return out
+
+
+def write_seed_corpus(folder: Path, dialect: str, *, valid: int = 150, mutated: int = 150,
+                      seed: int = 0) -> int:
+    """Seeds from the generator: valid sessions and mutated ones. Returns files written."""
+    inputs = {case_to_input(c) for c in draw_cases(dialect, valid, seed=seed, mutation_odds=0)}
+    inputs |= {case_to_input(c) for c in draw_cases(dialect, mutated, seed=seed + 1)}
+    for data in inputs:
+        write_input(folder, data)
+    return len(inputs)
+
+
+def import_live_corpus(src: Path, folder: Path) -> int:
+    """A live campaign's ``corpus/*.rpct`` (or reproducers) as inputs. Returns the count."""
+    from ..replay import load
+    n = 0
+    for f in sorted(Path(src).glob("**/*.rpct")):
+        try:
+            case, _, _ = load(f)
+        except (OSError, ValueError, KeyError):
+            continue
+        write_input(folder, case_to_input(case))
+        n += 1
+    return n
+
+
+def export_corpus(inputs: Path, folder: Path, dialect: str, *, limit: int = 2000) -> int:
+    """The in-process corpus as ``.rpct`` cases a live campaign replays first (``--corpus``)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    n = 0
+    for f in sorted(Path(inputs).iterdir())[:limit]:
+        if not f.is_file():
+            continue
+        case = input_to_case(f.read_bytes(), dialect)
+        if not case.steps:
+            continue
+        meta = {"format": CORPUS_FORMAT, "dialect": dialect, "case": case.to_json(),
+                "behaviour": ["libfuzzer", f.name]}
+        tr: Transcript = transcript_of(case, None, meta)
+        tr.save(folder / f"lf-{f.name[:16]}.rpct")
+        n += 1
+    return n
+
+
+def _escape(data: bytes) -> str:
+    return "".join(f"\\x{b:02x}" for b in data)
+
+
+def write_dictionary(path: Path, dialect: str, *, samples: int = 200) -> int:
+    """A libFuzzer dictionary for ``dialect``. Returns the number of entries."""
+    d = get_dialect(dialect)
+    entries: dict[bytes, str] = {}
+    for cmd_id, cmd in sorted(d.ids.items()):
+        entries.setdefault(bytes([cmd_id]), f"cmd_{cmd.value}")
+    for case in draw_cases(dialect, samples, seed=7, mutation_odds=0):
+        for s in case.steps:
+            if len(s.frame) >= FRAME_HEAD:
+                entries.setdefault(s.frame[:FRAME_HEAD], f"head_{s.cmd}")
+            if s.cmd == Cmd.HELLO.value:
+                entries.setdefault(s.frame, "hello")
+    for i in range(4):
+        entries.setdefault(_U64.pack(sentinel(HANDLE, i)), f"handle_{i}")
+        entries.setdefault(_U64.pack(sentinel(BASE, i)), f"base_{i}")
+    lines = [f"# ggml-rpc {d.name}: command ids, frame headers, HELLO, buffer sentinels "
+             "(generated by harness.fuzz.libfuzzer.corpus.write_dictionary)"]
+    lines += [f'{name}="{_escape(data)}"' for data, name in entries.items()]
+    path.write_text("\n".join(lines) + "\n")
+    return len(entries)

@@ -1,0 +1,444 @@
+// In-process libFuzzer target for a ggml-rpc server (the harness's own code).
+//
+// One input is one client connection: the byte stream a client would send (HELLO first, then
+// request frames). The pin's own ggml-rpc.cpp is compiled into this translation unit (build.sh
+// passes its path as HARNESS_RPC_SOURCE), so its static per-connection function
+// rpc_serve_client() runs with the real CPU backend. The socket it reads is this file's own
+// implementation of the pin's transport.h (the pin's transport.cpp is not built): recv_data()
+// hands out the input's bytes, send_data() parses the answers, and the connection ends where
+// the input ends.
+//
+// Buffer handles and bases are heap addresses that differ per run, so inputs carry the same
+// sentinels as the Python harness's cases (harness/fuzz/case.py: 0x0AA5D... handles,
+// 0x0BA5E... bases, buffer i at +i<<36, addend within 64 MiB): every such u64 is replaced,
+// when the server reads it, by the value the server handed out on this connection for that
+// buffer (ALLOC_BUFFER answers in order; BUFFER_GET_BASE answers for the handle asked) plus the
+// same addend, or by the addend alone when it was never handed out. A seed generated with valid
+// handles therefore reaches the server's deep paths on every run, as it does on the wire.
+
+#include HARNESS_RPC_SOURCE
+
+#include "ggml-cpu.h"
+
+#include <cxxabi.h>
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdio>
+#include <new>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <typeinfo>
+#include <unordered_set>
+#include <vector>
+
+namespace harness_fuzz {
+
+constexpr uint64_t kSentinelHandle = 0x0AA5D00000000000ULL;
+constexpr uint64_t kSentinelBase = 0x0BA5E00000000000ULL;
+constexpr uint64_t kBufferSpacing = 1ULL << 36;
+constexpr int64_t kRelocWindow = 1LL << 26;
+constexpr uint64_t kMaxBuffers = 16;
+constexpr size_t kAnswerKept = 16;  // the largest answer payload it learns from (ALLOC_BUFFER)
+
+// HARNESS_FUZZ_TRACE=1: one line per command byte read, so a crash report says which
+// request of the input was running (the Python driver names the finding after it).
+static bool g_trace = false;
+
+struct Connection {
+    const uint8_t * original = nullptr;  // the input as libFuzzer gave it (before relocation)
+    size_t original_size = 0;
+    std::vector<uint8_t> input;
+    size_t pos = 0;
+    std::vector<uint64_t> handles;  // index: ALLOC_BUFFER answers in order
+    std::vector<uint64_t> bases;    // index: the handle's
+    std::vector<bool> base_known;
+    int last_cmd = -1;
+    uint64_t last_u64 = 0;  // the last 8-byte read: a BUFFER_GET_BASE request's handle
+    // Answer parser: an 8-byte size, then that many payload bytes.
+    uint8_t head[8];
+    size_t head_got = 0;
+    uint64_t payload_left = 0;
+    uint64_t payload_size = 0;
+    uint8_t payload[kAnswerKept];
+    size_t payload_got = 0;
+    int answer_cmd = -1;
+
+    uint64_t live(bool base, uint64_t index) const {
+        if (base) {
+            return index < bases.size() && base_known[index] ? bases[index] : 0;
+        }
+        return index < handles.size() ? handles[index] : 0;
+    }
+
+    // Relocate every sentinel u64 that starts inside [from, to) (and ends inside the input).
+    void relocate(size_t from, size_t to) {
+        for (size_t s = from; s < to && s + 8 <= input.size(); ++s) {
+            uint8_t tag7 = input[s + 7], tag6 = input[s + 6];
+            bool handle = tag7 == 0x0A && tag6 == 0xA5;
+            bool base = tag7 == 0x0B && tag6 == 0xA5;
+            if (!handle && !base) {
+                continue;
+            }
+            uint64_t v;
+            memcpy(&v, &input[s], 8);
+            uint64_t origin = base ? kSentinelBase : kSentinelHandle;
+            // index = round((v - origin) / spacing), as harness/fuzz/case.py find_relocs
+            int64_t rel = (int64_t)(v - origin);
+            int64_t index = (rel + (int64_t)(kBufferSpacing / 2)) >> 36;
+            int64_t addend = rel - index * (int64_t)kBufferSpacing;
+            if (index < 0 || (uint64_t)index >= kMaxBuffers || addend <= -kRelocWindow ||
+                addend >= kRelocWindow) {
+                continue;
+            }
+            uint64_t patched = live(base, (uint64_t)index) + (uint64_t)addend;
+            memcpy(&input[s], &patched, 8);
+        }
+    }
+
+    bool read(void * data, size_t size) {
+        if (size == 0) {
+            return true;  // an empty payload (data may be null): nothing to read, like recv()
+        }
+        if (input.size() - pos < size) {
+            pos = input.size();  // a short read: the client hung up mid-frame
+            return false;
+        }
+        if (size >= 8) {
+            relocate(pos, pos + size - 7);
+        }
+        memcpy(data, input.data() + pos, size);
+        pos += size;
+        if (size == 1) {
+            last_cmd = ((const uint8_t *)data)[0];  // servers read the command byte alone
+            if (g_trace) {
+                fprintf(stderr, "harness-fuzz: command %d at byte %zu\n", last_cmd, pos - 1);
+            }
+        } else if (size == 8) {
+            memcpy(&last_u64, data, 8);
+        }
+        return true;
+    }
+
+    void answer_done() {
+        uint64_t v = 0;
+        if (payload_got >= 8) {
+            memcpy(&v, payload, 8);
+        }
+        if (answer_cmd == RPC_CMD_ALLOC_BUFFER && payload_size == 16) {
+            handles.push_back(v);
+        } else if (answer_cmd == RPC_CMD_BUFFER_GET_BASE && payload_size == 8) {
+            for (size_t i = 0; i < handles.size(); ++i) {
+                if (handles[i] == last_u64 && handles[i] != 0) {
+                    if (bases.size() <= i) {
+                        bases.resize(i + 1);
+                        base_known.resize(i + 1);
+                    }
+                    bases[i] = v;
+                    base_known[i] = true;
+                }
+            }
+        }
+    }
+
+    void wrote(const uint8_t * data, size_t size) {
+        while (size > 0) {
+            if (payload_left == 0) {
+                size_t n = std::min(size, sizeof head - head_got);
+                memcpy(head + head_got, data, n);
+                head_got += n;
+                data += n;
+                size -= n;
+                if (head_got == sizeof head) {
+                    head_got = 0;
+                    memcpy(&payload_size, head, 8);
+                    payload_left = payload_size;
+                    payload_got = 0;
+                    answer_cmd = last_cmd;
+                    if (payload_left == 0) {
+                        answer_done();
+                    }
+                }
+                continue;
+            }
+            size_t n = (size_t)std::min<uint64_t>(size, payload_left);
+            size_t keep = std::min(n, kAnswerKept - std::min(payload_got, kAnswerKept));
+            memcpy(payload + payload_got, data, keep);
+            payload_got += keep;
+            payload_left -= n;
+            data += n;
+            size -= n;
+            if (payload_left == 0) {
+                answer_done();
+            }
+        }
+    }
+};
+
+static Connection * g_next = nullptr;  // the connection socket_t::accept() hands out next
+
+}  // namespace harness_fuzz
+
+// ---- findings the process survives: GGML_ASSERT / GGML_ABORT, uncaught exceptions
+//
+// A real server aborts on a failed GGML_ASSERT. Here the abort callback records the abort
+// (HARNESS_FUZZ_EVENTS=dir: <dir>/<pid>-<n>.event with the message and the request that was
+// running, and <dir>/<pid>-<n>.input with the input), once per distinct message per process,
+// and unwinds back to LLVMFuzzerTestOneInput with an exception, so one shallow assert does not
+// end every fuzzing job (a sanitizer error still ends the process: memory is suspect then).
+// HARNESS_FUZZ_ABORT=1 restores the server's behaviour (abort), e.g. to reproduce a finding.
+// The event's offset is the server's read position (the byte after the last one it read).
+
+namespace harness_fuzz {
+
+struct Aborted {};
+
+static Connection * g_running = nullptr;
+static const char * g_events = nullptr;
+static bool g_abort = false;
+static const char * g_abort_only = nullptr;
+static std::unordered_set<std::string> * g_seen = nullptr;
+static unsigned long g_event_no = 0;
+
+static void write_event(const char * kind, const char * text) {
+    if (g_events == nullptr || g_running == nullptr) {
+        return;
+    }
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%d-%lu.input", g_events, (int)getpid(), g_event_no);
+    if (FILE * f = fopen(path, "wb")) {
+        fwrite(g_running->original, 1, g_running->original_size, f);
+        fclose(f);
+    }
+    snprintf(path, sizeof path, "%s/%d-%lu.event", g_events, (int)getpid(), g_event_no);
+    if (FILE * f = fopen(path, "w")) {
+        fprintf(f, "kind: %s\ncommand: %d\noffset: %zu\nlength: %zu\n\n%s\n", kind,
+                g_running->last_cmd, g_running->pos, g_running->original_size, text);
+        fclose(f);
+    }
+    ++g_event_no;
+}
+
+// Does this abort / uncaught exception end the process? With HARNESS_FUZZ_ABORT, yes; with
+// HARNESS_FUZZ_ABORT_ONLY=text, only when its message contains the text (so libFuzzer's
+// -minimize_crash keeps the finding's own failure, not any other one on the way).
+static bool fatal(const char * message) {
+    if (g_abort_only != nullptr) {
+        return strstr(message, g_abort_only) != nullptr;
+    }
+    return g_abort;
+}
+
+static void on_abort(const char * message) {
+    fprintf(stderr, "%s\n", message);
+    if (g_seen == nullptr) {
+        g_seen = new std::unordered_set<std::string>();
+    }
+    if (g_seen->insert(message).second) {
+        write_event("abort", message);
+    }
+    if (g_running == nullptr || fatal(message)) {
+        abort();
+    }
+    throw Aborted();
+}
+
+static void on_exception(const char * text) {
+    if (g_seen == nullptr) {
+        g_seen = new std::unordered_set<std::string>();
+    }
+    if (g_seen->insert(text).second) {
+        write_event("abort", text);
+    }
+}
+
+#if defined(__has_feature)
+#  if __has_feature(address_sanitizer)
+#    define HARNESS_ASAN 1
+#  endif
+#endif
+
+#ifdef HARNESS_ASAN
+static void on_asan_report(const char * report) {
+    write_event("sanitizer", report);  // the process dies right after: one per process
+}
+#endif
+
+}  // namespace harness_fuzz
+
+#ifdef HARNESS_ASAN
+extern "C" void __asan_set_error_report_callback(void (*callback)(const char *));
+#endif
+
+// ---- allocation failures as the real server sees them
+//
+// ASan's operator new reports an out-of-memory error where the server's own build throws
+// std::bad_alloc (which recv_msg catches: a huge length prefix is refused, not fatal). With
+// allocator_may_return_null=1 (the driver sets it) malloc returns null instead, and these make
+// new throw as it does without ASan. (ASan's new/delete mismatch check is given up for it.)
+#ifdef HARNESS_ASAN
+static void * harness_alloc(size_t n, size_t align) {
+    void * p = nullptr;
+    if (align > alignof(std::max_align_t)) {
+        if (posix_memalign(&p, align, n ? n : 1) != 0) {
+            p = nullptr;
+        }
+    } else {
+        p = malloc(n ? n : 1);
+    }
+    return p;
+}
+void * operator new(size_t n) {
+    if (void * p = harness_alloc(n, 0)) return p;
+    throw std::bad_alloc();
+}
+void * operator new[](size_t n) {
+    if (void * p = harness_alloc(n, 0)) return p;
+    throw std::bad_alloc();
+}
+void * operator new(size_t n, std::align_val_t a) {
+    if (void * p = harness_alloc(n, (size_t)a)) return p;
+    throw std::bad_alloc();
+}
+void * operator new[](size_t n, std::align_val_t a) {
+    if (void * p = harness_alloc(n, (size_t)a)) return p;
+    throw std::bad_alloc();
+}
+void * operator new(size_t n, const std::nothrow_t &) noexcept { return harness_alloc(n, 0); }
+void * operator new[](size_t n, const std::nothrow_t &) noexcept { return harness_alloc(n, 0); }
+void operator delete(void * p) noexcept { free(p); }
+void operator delete[](void * p) noexcept { free(p); }
+void operator delete(void * p, size_t) noexcept { free(p); }
+void operator delete[](void * p, size_t) noexcept { free(p); }
+void operator delete(void * p, std::align_val_t) noexcept { free(p); }
+void operator delete[](void * p, std::align_val_t) noexcept { free(p); }
+void operator delete(void * p, size_t, std::align_val_t) noexcept { free(p); }
+void operator delete[](void * p, size_t, std::align_val_t) noexcept { free(p); }
+void operator delete(void * p, const std::nothrow_t &) noexcept { free(p); }
+void operator delete[](void * p, const std::nothrow_t &) noexcept { free(p); }
+#endif
+
+// ---- the pin's transport.h, implemented over one in-memory connection
+
+struct socket_t::impl {
+    harness_fuzz::Connection * conn = nullptr;
+};
+
+socket_t::socket_t(std::unique_ptr<impl> p) : pimpl(std::move(p)) {}
+socket_t::~socket_t() = default;
+
+bool socket_t::send_data(const void * data, size_t size) {
+    pimpl->conn->wrote(static_cast<const uint8_t *>(data), size);
+    return true;
+}
+
+bool socket_t::recv_data(void * data, size_t size) {
+    return pimpl->conn->read(data, size);
+}
+
+#ifdef HARNESS_TRANSPORT_FLUSH
+bool socket_t::flush() {
+    return true;
+}
+#endif
+
+socket_ptr socket_t::accept() {
+    auto p = std::make_unique<impl>();
+    p->conn = harness_fuzz::g_next;
+    return socket_ptr(new socket_t(std::move(p)));
+}
+
+void socket_t::get_caps(uint8_t * local_caps) {
+    memset(local_caps, 0, RPC_CONN_CAPS_SIZE);  // TCP only: no transport upgrade on offer
+}
+
+void socket_t::update_caps(const uint8_t * remote_caps) {
+    (void)remote_caps;
+}
+
+socket_ptr socket_t::create_server(const char * host, int port) {
+    (void)host;
+    (void)port;
+    return socket_ptr(new socket_t(std::make_unique<impl>()));
+}
+
+socket_ptr socket_t::connect(const char * host, int port) {
+    (void)host;
+    (void)port;
+    return nullptr;  // the server side never connects out
+}
+
+bool rpc_transport_init() {
+    return true;
+}
+
+void rpc_transport_shutdown() {}
+
+// ---- libFuzzer entry points
+
+static std::vector<ggml_backend_t> * g_backends = nullptr;
+static const char * g_cache_dir = nullptr;
+
+static void quiet_log(enum ggml_log_level level, const char * text, void * user) {
+    (void)level;
+    (void)text;
+    (void)user;
+}
+
+extern "C" int LLVMFuzzerInitialize(int * argc, char *** argv) {
+    (void)argc;
+    (void)argv;
+    setenv("GGML_NO_BACKTRACE", "1", 0);  // ggml would run gdb on every abort
+    if (!getenv("HARNESS_FUZZ_VERBOSE")) {
+        ggml_log_set(quiet_log, nullptr);  // refusals are the normal case: do not print each
+    }
+    harness_fuzz::g_trace = getenv("HARNESS_FUZZ_TRACE") != nullptr;
+    g_cache_dir = getenv("HARNESS_FUZZ_CACHE_DIR");
+    harness_fuzz::g_events = getenv("HARNESS_FUZZ_EVENTS");
+    harness_fuzz::g_abort = getenv("HARNESS_FUZZ_ABORT") != nullptr;
+    harness_fuzz::g_abort_only = getenv("HARNESS_FUZZ_ABORT_ONLY");
+    ggml_set_abort_callback(harness_fuzz::on_abort);
+#ifdef HARNESS_ASAN
+    __asan_set_error_report_callback(harness_fuzz::on_asan_report);
+#endif  // the server's -c; unset: no cache
+    ggml_backend_t cpu = ggml_backend_cpu_init();
+    if (cpu == nullptr) {
+        fprintf(stderr, "harness fuzzer: cannot create the CPU backend\n");
+        abort();
+    }
+    ggml_backend_cpu_set_n_threads(cpu, 1);  // the harness's servers run with -t 1
+    g_backends = new std::vector<ggml_backend_t>{cpu};
+    return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    harness_fuzz::Connection conn;
+    conn.original = data;
+    conn.original_size = size;
+    conn.input.assign(data, data + size);
+    harness_fuzz::g_next = &conn;
+    harness_fuzz::g_running = &conn;
+    static socket_ptr listener = socket_t::create_server("127.0.0.1", 0);
+    try {
+        rpc_serve_client(*g_backends, g_cache_dir, listener->accept());
+    } catch (const harness_fuzz::Aborted &) {
+        // The server would have died here; the event is recorded, the fuzzer goes on.
+    } catch (const std::exception & e) {
+        // Uncaught by the server: its process would end in std::terminate. Recorded with
+        // the line the C++ runtime prints then, so it is named like a live server's death.
+        int status = 0;
+        char * name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+        std::string line = std::string("terminate called after throwing an instance of '") +
+                           (status == 0 && name ? name : typeid(e).name()) + "'\n  what():  " +
+                           e.what();
+        free(name);
+        if (harness_fuzz::fatal(line.c_str())) {
+            throw;  // to std::terminate, as in the server
+        }
+        harness_fuzz::on_exception(line.c_str());
+    }
+    harness_fuzz::g_next = nullptr;
+    harness_fuzz::g_running = nullptr;
+    return 0;
+}

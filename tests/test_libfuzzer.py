@@ -1,0 +1,218 @@
+"""The libFuzzer engine: inputs <-> cases, seeds, dictionary, status lines, triage, and (slow,
+realpeer) the in-process target of p7 itself."""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from harness.fuzz.case import BASE, HANDLE, sentinel
+from harness.fuzz.libfuzzer import corpus as lfc
+from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
+from harness.fuzz.libfuzzer.engine import Timeline, _class_of, _frame_start, signature_of
+from harness.fuzz.target import death_line
+from harness.proto import Cmd, get_dialect
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "sanitizer"
+D = "7.0.0"
+
+
+def valid_cases(n=20, seed=3):
+    return lfc.draw_cases(D, n, seed=seed, mutation_odds=0)
+
+
+def test_case_to_input_and_back_keeps_frames_and_learns_what_the_target_learns():
+    for case in valid_cases():
+        data = lfc.case_to_input(case)
+        back = lfc.input_to_case(data, D)
+        assert [s.frame for s in back.steps] == [s.frame for s in case.steps]
+        # The generator's learn marks are exactly what the C++ transport infers from the
+        # stream: n-th ALLOC_BUFFER answer = handle n, GET_BASE of handle i = base i.
+        assert [s.learn for s in back.steps] == [s.learn for s in case.steps]
+
+
+def test_input_cut_mid_frame_ends_with_a_shutdown():
+    case = valid_cases(1)[0]
+    data = lfc.case_to_input(case)
+    cut = lfc.input_to_case(data[:-3], D)
+    assert cut.steps[-1].eof and len(cut.steps[-1].frame) == len(case.steps[-1].frame) - 3
+    assert not lfc.input_to_case(data, D).steps[-1].eof
+
+
+def test_get_base_of_an_unknown_handle_learns_nothing():
+    d = get_dialect(D)
+    frame = bytes([d.id_of(Cmd.BUFFER_GET_BASE)]) + struct.pack("<QQ", 8, 0x1234)
+    assert lfc.input_to_case(frame, D).steps[0].learn is None
+
+
+def test_seed_corpus_has_valid_and_mutated_sessions(tmp_path):
+    n = lfc.write_seed_corpus(tmp_path, D, valid=20, mutated=20)
+    files = list(tmp_path.iterdir())
+    assert n == len(files) > 20
+    got = {f.read_bytes() for f in files}
+    valid = {lfc.case_to_input(c) for c in lfc.draw_cases(D, 20, seed=0, mutation_odds=0)}
+    assert valid <= got and len(got - valid) > 0  # and the mutated sessions besides
+    assert all(f.name == lfc.input_name(f.read_bytes()) for f in files)
+
+
+def test_dictionary_has_every_command_hello_and_sentinels(tmp_path):
+    path = tmp_path / "d.dict"
+    lfc.write_dictionary(path, D, samples=30)
+    text = path.read_text()
+    d = get_dialect(D)
+    for cmd_id, cmd in d.ids.items():
+        assert f'cmd_{cmd.value}="\\x{cmd_id:02x}"' in text
+    assert 'hello="\\x0e\\x18' in text
+    handle0 = "".join(f"\\x{b:02x}" for b in struct.pack("<Q", sentinel(HANDLE, 0)))
+    assert f'handle_0="{handle0}"' in text and "base_0=" in text
+
+
+def test_checked_in_dictionary_is_the_7_0_0_one():
+    text = (HERE / f"{TARGET_NAME}.dict").read_text()
+    for cmd_id, cmd in get_dialect(D).ids.items():
+        assert f'cmd_{cmd.value}="\\x{cmd_id:02x}"' in text
+
+
+def test_export_gives_cases_a_live_campaign_loads(tmp_path):
+    from harness.fuzz.replay import load
+    inputs = tmp_path / "in"
+    for case in valid_cases(5):
+        lfc.write_input(inputs, lfc.case_to_input(case))
+    assert lfc.export_corpus(inputs, tmp_path / "corpus", D) == 5
+    loaded = [load(f)[0] for f in sorted((tmp_path / "corpus").glob("*.rpct"))]
+    assert {lfc.case_to_input(c) for c in loaded} == {f.read_bytes() for f in inputs.iterdir()}
+    # ... and the way back: a live corpus imported as inputs.
+    assert lfc.import_live_corpus(tmp_path / "corpus", tmp_path / "again") == 5
+
+
+# Status lines recorded from libFuzzer 16 runs of the target (fork mode and plain).
+FORK_LINE = "#3364: cov: 2016 ft: 1658 corp: 99 exec/s: 88 oom/timeout/crash: 0/2/7 time: 48s " \
+            "job: 2 dft_time: 0"
+PLAIN_LINE = "#1641\tREDUCE cov: 105 ft: 116 corp: 6/72b lim: 38 exec/s: 0 rss: 44Mb L: " \
+             "18/33 MS: 1 EraseBytes-"
+
+
+def test_timeline_parses_fork_and_plain_status_lines():
+    t = Timeline()
+    assert t.feed("INFO: Seed: 1") is None
+    p = t.feed(FORK_LINE)
+    assert (p["execs"], p["edges"], p["features"], p["corpus"], p["timeouts"], p["crashes"]) \
+        == (3364, 2016, 1658, 99, 2, 7)
+    q = t.feed(PLAIN_LINE)
+    assert (q["execs"], q["edges"], q["corpus"]) == (1641, 105, 6)
+    assert t.last == q and len(t.sampled(1)) == 1
+
+
+def test_abort_event_signature_is_the_live_campaigns_line():
+    text = (FIX / "libfuzzer-ggml-assert.txt").read_text()
+    case = valid_cases(1)[0]
+    data = lfc.case_to_input(case)
+    sig, detail = signature_of(text, D, data)
+    assert sig.kind == "crash" and sig.signal == "SIGABRT"
+    assert sig.line == death_line(text.splitlines())
+    assert _class_of(sig.to_json()) == "GGML_ASSERT"
+
+
+def test_sanitizer_signature_and_class():
+    text = (FIX / "asan-heap-use-after-free.txt").read_text()
+    sig, _ = signature_of(text, D, b"")
+    assert (sig.kind, sig.signal) == ("crash", "exit 1")
+    assert _class_of(sig.to_json()) == "AddressSanitizer: heap-use-after-free"
+    assert signature_of("nothing happened\n", D, b"") is None
+
+
+def test_frame_start_is_the_frame_read_last():
+    case = valid_cases(1)[0]
+    data = lfc.case_to_input(case)
+    sizes = [len(s.frame) for s in case.steps]
+    end_of_second = sizes[0] + sizes[1]
+    assert _frame_start(data, end_of_second) == sizes[0]  # read position after frame 1
+    assert _frame_start(data, sizes[0] + 3) == sizes[0]  # inside frame 1
+    assert _frame_start(data, 1) == 0
+
+
+# ---------------------------------------------------------------- the real target
+
+def _p7_target():
+    from harness.fuzz.libfuzzer.build import build_target
+    from harness.impls.registry import get_peer
+    try:
+        get_peer("p7")
+        return build_target("p7", "libfuzzer")
+    except Exception as e:  # noqa: BLE001 - no pin or no toolchain here
+        pytest.skip(f"no in-process p7 target: {e}")
+
+
+def _commands_read(binary: Path, data: bytes, tmp_path: Path) -> list[int]:
+    path = tmp_path / "input"
+    path.write_bytes(data)
+    run = subprocess.run([str(binary), str(path)], capture_output=True, text=True, timeout=120,
+                         env={"HARNESS_FUZZ_TRACE": "1", "PATH": "/usr/bin:/bin",
+                              "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=0"})
+    runs: list[list[int]] = []
+    for x in run.stderr.splitlines():
+        if x.startswith("harness-fuzz: command "):
+            if x.endswith(" at byte 0"):
+                runs.append([])  # libFuzzer may run a file input more than once
+            runs[-1].append(int(x.split()[2]))
+    assert runs and all(r == runs[0] for r in runs)
+    return runs[0]
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_target_relocates_handles_so_valid_sessions_run_to_the_end(tmp_path):
+    """A valid session is served to its last request only if every sentinel handle and base
+    was replaced by the live one (the server drops the connection on an unknown buffer)."""
+    build = _p7_target()
+    d = get_dialect(D)
+    case = next(c for c in valid_cases(40) if any(s.cmd == "SET_TENSOR" for s in c.steps)
+                and len(c.steps) > 6)
+    data = lfc.case_to_input(case)
+    read = _commands_read(build.binary, data, tmp_path)
+    assert read == [s.frame[0] for s in case.steps]
+    # Planted fault: the handle sentinels' tag broken, so nothing is relocated -> the server
+    # stops at the first request naming a buffer.
+    tag = struct.pack("<Q", sentinel(HANDLE, 0))[6:]
+    broken = data.replace(tag, b"\x00\x00")
+    assert len(_commands_read(build.binary, broken, tmp_path)) < len(case.steps)
+    assert d.ids[read[0]] is Cmd.HELLO and sentinel(BASE, 0)
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
+    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
+    _p7_target()
+    folder, report = run_libfuzzer_campaign(LibFuzzerConfig(
+        target="p7", duration=45, seed=1, out=tmp_path / "r", seeds_valid=30,
+        seeds_mutated=30, coverage=False))
+    assert report["engine"] == "libfuzzer" and report["executions"] > 0
+    assert report["edges_over_time"] and report["edges"] > 0
+    md = (folder / "report.md").read_text()
+    assert "## In-process engine (libFuzzer)" in md and "Edges over time" in md
+    assert report["findings"], "the 7.0.0 server has GGML_ASSERTs any campaign reaches"
+    for f in report["findings"]:
+        saved = json.loads((folder / "crashes" / f["id"] / "finding.json").read_text())
+        assert (folder / "crashes" / f["id"] / "repro.rpct").exists()
+        assert "replays" in saved
+    # Aborts are what the live server does too: they must replay against it.
+    aborts = [f for f in report["findings"] if f["signature"]["signal"] == "SIGABRT"]
+    assert aborts and any(f["replays"] for f in aborts)
+
+
+def test_cli_engine_option_refuses_what_it_cannot_run():
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    runner = CliRunner()
+    bad = runner.invoke(app, ["fuzz", "--engine", "afl", "--target", "ref", "--duration", "1s"])
+    assert bad.exit_code == 2 and "unknown engine" in bad.output
+    # The reference server is Python: there is no server code to build in process.
+    ref = runner.invoke(app, ["fuzz", "--engine", "libfuzzer", "--target", "ref",
+                              "--duration", "1s"])
+    assert ref.exit_code == 2 and "pin built from sources" in ref.output
