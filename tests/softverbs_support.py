@@ -60,7 +60,7 @@ def run_semantics(exe: Path, lib_dir: Path, case: str, stats_dir: Path) -> subpr
 # ---------------------------------------------------------------- the RDMA build of a real peer
 
 def _rdma_cmake_flags() -> list[str]:
-    from harness.impls.build import CMAKE_FLAGS
+    from harness.impls.recipe import CMAKE_FLAGS
     return [f for f in CMAKE_FLAGS if not f.startswith("-DGGML_RPC_RDMA=")] + \
         ["-DGGML_RPC_RDMA=ON", "-DLLAMA_BUILD_TESTS=OFF"]
 

@@ -19,7 +19,8 @@ import pytest
 
 from harness.capture.canonical import first_divergence
 from harness.capture.loadprof_log import LoadProfError, of_side, parse_loadprof
-from harness.impls.build import CMAKE_FLAGS, find_tool
+from harness.impls.recipe import CMAKE_FLAGS
+from harness.impls.tools import find_tool
 from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import (Peer, PeerError, PeerNotFound, downloads_dir, get_peer,
                                     get_pin, probe_hello, verify_peer)
