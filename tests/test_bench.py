@@ -147,7 +147,7 @@ def test_small_hashes_do_not_load_numba():
 # ------------------------------------------------------------------------------ bench
 
 def test_figure_ratio_is_the_median_of_paired_rounds():
-    from harness.bench.runner import Figure
+    from harness.bench.figures import Figure
     f = Figure("x", "x", "GiB/s", 2.0, 1.0, "a", ">= 1x anchor", None, paired=True,
                values=[1.0, 2.0, 3.0], anchor_values=[1.0, 4.0, 1.0])
     assert f.ratio == 1.0  # ratios 1, 0.5, 3
@@ -157,7 +157,7 @@ def test_figure_ratio_is_the_median_of_paired_rounds():
 
 
 def test_markdown_has_every_figure():
-    from harness.bench.runner import Figure, markdown
+    from harness.bench.figures import Figure, markdown
     figs = [Figure("a", "fig a", "GiB/s", 1.0, 2.0, "anchor a", ">= 1x anchor", False,
                    notes="n"), Figure("b", "fig b", "s", None, None, "anchor b", "<= 1 s", None)]
     m = {"cpu": "cpu", "cores": 2, "python": "3", "loadavg": [0.5, 0, 0]}

@@ -124,7 +124,7 @@ def test_truncation_closes_and_the_server_survives():
 def test_matrix_verdicts_are_the_same_under_chopped_delivery(tmp_path):
     from harness.matrix.cells import expand
     from harness.matrix.model import load_matrix
-    from harness.matrix.runner import run_cells
+    from harness.matrix.execute import run_cells
     from test_matrix import REF_MATRIX, write_matrix
 
     m = load_matrix(write_matrix(tmp_path, REF_MATRIX))

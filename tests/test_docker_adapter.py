@@ -179,7 +179,7 @@ def test_a_cell_with_a_broken_image_fails_with_the_containers_log(tmp_path):
     _engine_or_skip()
     from harness.matrix.cells import expand
     from harness.matrix.model import load_matrix
-    from harness.matrix.runner import run_cells
+    from harness.matrix.execute import run_cells
 
     broken = _p7_image(drop=("libggml-base.so.0",), tag="ggml-rpc-harness/test:broken",
                        force=True)

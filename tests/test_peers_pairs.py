@@ -13,7 +13,7 @@ from harness.impls.registry import list_peers
 from harness.impls.supervisor import start_peer_server
 from harness.matrix.cells import release_cells
 from harness.matrix.model import load_matrix
-from harness.matrix.runner import run_cells
+from harness.matrix.execute import run_cells
 from peer_sessions import BASIC_SESSION, FILL_X, FILL_Y
 
 ROOT = Path(__file__).resolve().parents[1]

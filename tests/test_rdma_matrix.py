@@ -15,7 +15,7 @@ import pytest
 from harness.matrix.cells import expand
 from harness.matrix.model import load_matrix
 from harness.matrix.rdma import InProcessRdmaServer
-from harness.matrix.runner import run_cells
+from harness.matrix.execute import run_cells
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["roundtrip", "weights-cache", "weights-only"]  # tens of MiB per connection

@@ -9,7 +9,7 @@ from rich.table import Table
 
 
 def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int:
-    from .runner import BenchConfig, rows, run_bench
+    from .figures import BenchConfig, rows, run_bench
 
     def log(line: str) -> None:
         console.print(line, highlight=False, markup=False)

@@ -19,7 +19,7 @@ from ..peer.server_core import ServerConfig
 from ..proto import get_dialect
 from ..transport.rdma_core import RdmaOverrun, config_for_dialect
 from ..transport.rdma_endpoint import RdmaEmuEndpoint, RdmaEmuListener, connect_emu
-from .scenario import Check
+from ..scenario import Check
 
 PROBE_TIMEOUT = 5.0  # every wait of a liveness probe
 
