@@ -7,6 +7,7 @@ The RDMA build goes through :func:`rdma_peer_dir` only, so it can switch to the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -65,17 +66,43 @@ def _rdma_cmake_flags() -> list[str]:
         ["-DGGML_RPC_RDMA=ON", "-DLLAMA_BUILD_TESTS=OFF"]
 
 
-def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
-    """Bin dir of ``pin_name`` built with -DGGML_RPC_RDMA=ON (server + libggml-rpc.so).
+def rdma_entry_name(pin_name: str, patch: Path | None) -> str:
+    """Cache entry of an RDMA build: ``p7-rdma``, or ``p7+<patch sha256[:16]>-rdma``."""
+    if patch is None:
+        return f"{pin_name}-rdma"
+    return f"{pin_name}+{hashlib.sha256(Path(patch).read_bytes()).hexdigest()[:16]}-rdma"
 
-    Built by hand from the sdist the peer cache already downloaded, into this test suite's
-    own cache entry (never the shared peers cache). Skips like the other real-peer tests
-    when that sdist is not there yet (``harness peers build p7`` fetches it).
+
+def _apply_patch(source: Path, patch: Path) -> None:
+    """``git apply`` the unified diff onto the unpacked llama.cpp tree (paths a/ggml/...).
+
+    Run from the tree's parent with ``--directory``: the sdist's tree has a dangling .git
+    link, and the ceiling keeps git from taking any repository above the temp dir.
+    """
+    git = shutil.which("git")
+    if not git:
+        pytest.fail("git missing: apt-get install git")
+    cmd = [git, "apply", "--verbose", f"--directory={source.name}", str(Path(patch).resolve())]
+    r = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(source.parent.parent)))
+    assert r.returncode == 0, f"{Path(patch).name} does not apply:\n{r.stdout}{r.stderr}"
+
+
+def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
+    """Bin dir of ``pin_name`` (plus ``patch``, a unified diff of its llama.cpp tree) built
+    with -DGGML_RPC_RDMA=ON: server + libggml-rpc.so.
+
+    The one place the suite gets RDMA builds from, so its body can become the product's
+    ``harness peers build --base PIN --patch FILE --rdma`` entry. Built by hand from the
+    sdist the peer cache already downloaded, into this suite's own cache entry
+    (:func:`rdma_entry_name`, never the shared peers cache). Skips like the other real-peer
+    tests when that sdist is not there yet (``harness peers build p7`` fetches it).
     """
     from harness.impls import build as b
     from harness.impls.registry import get_pin
     pin = get_pin(pin_name)
-    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / f"{pin_name}-rdma"
+    name = rdma_entry_name(pin_name, patch)
+    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / name
     bin_dir = entry / "bin"
     if (bin_dir / pin.server_target).is_file():
         return bin_dir
@@ -87,9 +114,11 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
         if not b.find_tool(tool):
             pytest.fail(f"{tool} missing: pip install -e '.[build]'")
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{pin_name}-rdma-") as tmp:
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{name}-") as tmp:
         tmp = Path(tmp)
         source, _ = b._unpack_sdist(pin, archive, tmp / "src")
+        if patch is not None:
+            _apply_patch(source, patch)
         build = tmp / "build"
         env = b._tool_env()
         cmake, ninja = b.find_tool("cmake"), b.find_tool("ninja")
