@@ -25,7 +25,8 @@ from harness.proto import RpcTensor, get_dialect, ggml
 from harness.proto import messages as m
 from harness.proto.codec import pack_request
 from harness.proto.constants import RDMA_CHUNK
-from harness.transport.rdma_emu import C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION, simulate_transfer
+from harness.transport.rdma_emu import (C_NEW, C_OLD, OLD, PARTIAL, WHOLE_COMPLETION,
+                                        simulate_transfer)
 from harness.transport.softverbs import softverbs_env
 
 from softverbs_support import FuzzPeer, pyverbs_session, rdma_peer_dir, softverbs_lib_dir
@@ -38,7 +39,11 @@ PATCH = ROOT / "patches" / "seed000-server-flags.patch"
 D = get_dialect("7.0.0")
 HANG_AFTER = 2.0  # seconds without the response: a hang (the server's own reads never time out)
 RECEIVER = {"old": dict(recv_policy=WHOLE_COMPLETION, read_calls=C_OLD),
-            "new": dict(recv_policy=PARTIAL, read_calls=C_NEW)}
+            "new": dict(recv_policy=PARTIAL, read_calls=C_NEW),
+            # GGML_RPC_LOAD_OPT=0 reads like 7.0.0 but keeps the seed's partial receive
+            "new-load-opt-0": dict(recv_policy=PARTIAL, read_calls=C_OLD)}
+TARGETS = {"old": ("old", {}), "new": ("new", {}),
+           "new-load-opt-0": ("new", {"GGML_RPC_LOAD_OPT": "0"})}
 
 
 def stream_of(frames: str, size: int) -> bytes:
@@ -98,8 +103,8 @@ def predicted_intact(c: dict, generation: str) -> bool:
 class Target:
     """A real RDMA server under fuzzing; restarted when a case killed or wedged it."""
 
-    def __init__(self, bin_dir: Path, lib_dir: Path, tmp: Path):
-        self.bin_dir, self.lib_dir, self.tmp = bin_dir, lib_dir, tmp
+    def __init__(self, bin_dir: Path, lib_dir: Path, tmp: Path, env: dict):
+        self.bin_dir, self.lib_dir, self.tmp, self.env = bin_dir, lib_dir, tmp, env
         self.starts = 0
         self.srv = None
         self.start()
@@ -111,7 +116,8 @@ class Target:
         env = softverbs_env(self.lib_dir, stats_dir=d / "qps")
         (d / "qps").mkdir()
         self.srv = RealServer(self.bin_dir, d / "server.log",
-                              env={k: env[k] for k in ("LD_LIBRARY_PATH", "SOFTVERBS_STATS_DIR")})
+                              env={k: env[k] for k in ("LD_LIBRARY_PATH", "SOFTVERBS_STATS_DIR")}
+                              | self.env)
 
     def stop(self) -> None:
         self.srv.stop()
@@ -149,8 +155,8 @@ def campaign(builds, lib_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rdma-fuzz")
     report = {}
     with FuzzPeer(lib_dir, tmp / "fuzzer-qps") as peer:
-        for gen in ("old", "new"):
-            target = Target(builds[gen], lib_dir, tmp / gen)
+        for gen, (build, env) in TARGETS.items():
+            target = Target(builds[build], lib_dir, tmp / gen, env)
             try:
                 report[gen] = {c["name"]: target.run(peer, c) for c in [*CASES, OVERSIZE, CLOSE]}
             finally:
@@ -161,7 +167,7 @@ def campaign(builds, lib_dir, tmp_path_factory):
     return report
 
 
-@pytest.mark.parametrize("generation", ["old", "new"])
+@pytest.mark.parametrize("generation", list(TARGETS))
 def test_real_receive_path_matches_the_emulation_case_by_case(campaign, generation):
     disagree = {c["name"]: (campaign[generation][c["name"]], predicted_intact(c, generation))
                 for c in CASES
@@ -192,6 +198,17 @@ def test_the_emulation_check_would_catch_a_whole_completion_patch():
     """Planted fault for the comparison: had the patch kept 7.0.0's whole-completion receive,
     the model would predict failures on the cases the patched server passes."""
     assert not all(predicted_intact(c, "old") for c in CASES)
+
+
+def test_load_opt_0_keeps_the_partial_receive(campaign):
+    """What the emulation's docs got wrong: GGML_RPC_LOAD_OPT=0 is not the OLD generation
+    on the receive side. The real server with it takes every cut 7.0.0 fails on, which the
+    OLD preset (whole-completion) would predict to fail."""
+    real = campaign["new-load-opt-0"]
+    assert all(real[c["name"]]["verdict"] == "ok" for c in CASES), real
+    assert not all(simulate_transfer(stream_of(c["frames"], c["size"]), write_sizes=c["writes"],
+                                     chunk=c["chunk"], recv_policy=OLD.recv_policy,
+                                     read_calls=OLD.read_calls).intact for c in CASES)
 
 
 @pytest.mark.parametrize("config", ["OLD", "SEED000"])
