@@ -127,7 +127,8 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
                     ["nice", cmake, "--build", str(build), "-j", "2", "--target",
                      pin.server_target]):
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
-            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+            assert r.returncode == 0, \
+                f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
         staged = tmp / "bin"
         b._install_bin(build, staged, pin.server_target)
         if entry.exists():
@@ -135,6 +136,22 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
         entry.mkdir()
         staged.rename(bin_dir)
     return bin_dir
+
+
+SEED000_PATCH = TESTS_DIR.parent / "patches" / "seed000-server-flags.patch"
+
+
+@pytest.fixture(scope="module")
+def lib_dir() -> Path:
+    """The soft device (import this fixture into a test module to use it)."""
+    return softverbs_lib_dir()
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[str, Path]:
+    """Bin dirs of seed 000's two generations, both with -DGGML_RPC_RDMA=ON: old = p7,
+    new = p7 + patches/seed000-server-flags.patch."""
+    return {"old": rdma_peer_dir("p7"), "new": rdma_peer_dir("p7", SEED000_PATCH)}
 
 
 # ---------------------------------------------------------------- did RDMA carry it?
@@ -220,8 +237,9 @@ def _pyverbs_cmd(lib_dir: Path, stats_dir: Path, mode: str, size: int, rest) -> 
 def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> dict:
     """The reference client over harness.transport.verbs (pyverbs) on the soft device, in a
     process of its own so the soft libibverbs is loaded there only. ``args``: ``client HOST
-    PORT [CLIENT_CFG]`` (a server elsewhere; default the 7.0.0 generation) or ``pair CLIENT_CFG SERVER_CFG`` (rdma_emu preset names; a
-    reference server on verbs in the same process)."""
+    PORT [CLIENT_CFG]`` (a server elsewhere; default the 7.0.0 generation) or ``pair
+    CLIENT_CFG SERVER_CFG`` (a reference server on verbs too, in the same process); configs
+    are rdma_emu preset names."""
     mode, *rest = args
     cmd, env = _pyverbs_cmd(lib_dir, stats_dir, mode, size, rest)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)

@@ -29,13 +29,11 @@ from harness.transport.rdma_emu import (C_NEW, C_OLD, OLD, PARTIAL, WHOLE_COMPLE
                                         simulate_transfer)
 from harness.transport.softverbs import softverbs_env
 
-from softverbs_support import FuzzPeer, pyverbs_session, rdma_peer_dir, softverbs_lib_dir
+from softverbs_support import FuzzPeer, builds, lib_dir, pyverbs_session  # noqa: F401 (fixtures)
 from test_realclient_support import RealServer, realpeer
 
 pytestmark = [realpeer, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "patches" / "seed000-server-flags.patch"
 D = get_dialect("7.0.0")
 HANG_AFTER = 2.0  # seconds without the response: a hang (the server's own reads never time out)
 RECEIVER = {"old": dict(recv_policy=WHOLE_COMPLETION, read_calls=C_OLD),
@@ -78,7 +76,8 @@ SET_GET_64 = len(pack_request(D, m.SetTensorRequest(
     RpcTensor.make(id=1, type=ggml.TYPE_I8, ne=(64,)), 0, 0, bytes(64))))
 GET_BASE = len(stream_of("get-base", 0))
 CASES = [
-    case("aligned-reads", "set-get", 64, lambda n: [1, 8, SET_GET_64 - 9, 1, 8, n - SET_GET_64 - 9]),
+    case("aligned-reads", "set-get", 64,
+         lambda n: [1, 8, SET_GET_64 - 9, 1, 8, n - SET_GET_64 - 9]),
     case("whole-frames", "set-get", 64, lambda n: [SET_GET_64, n - SET_GET_64]),
     case("one-send", "set-get", 3000, lambda n: [n]),
     case("bytewise", "set-get", 64, lambda n: [1] * n),
@@ -139,14 +138,6 @@ class Target:
         return out
 
 
-@pytest.fixture(scope="module")
-def lib_dir():
-    return softverbs_lib_dir()
-
-
-@pytest.fixture(scope="module")
-def builds():
-    return {"old": rdma_peer_dir("p7"), "new": rdma_peer_dir("p7", PATCH)}
 
 
 @pytest.fixture(scope="module")

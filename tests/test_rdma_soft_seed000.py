@@ -24,16 +24,15 @@ from harness.impls.ref_client import RefClientDriver
 from harness.matrix.rdma import InProcessRdmaServer, connection_checks
 from harness.proto.constants import RDMA_CHUNK, RDMA_RX_RING
 from harness.transport.caps import ADVERTISE, WITHHOLD
-from harness.transport.rdma_emu import SEED000, RdmaConfig, config_for_dialect, connect_emu
+from harness.transport.rdma_emu import (SEED000, WHOLE_COMPLETION, RdmaConfig,
+                                        config_for_dialect, connect_emu)
 from harness.transport.softverbs import ACTIVATED_RE, QpStats, read_qp_stats, softverbs_env
 
-from softverbs_support import rdma_peer_dir, softverbs_lib_dir
+from softverbs_support import builds, lib_dir  # noqa: F401 (fixtures)
 from test_realclient_support import RealServer, realpeer
 
 pytestmark = [realpeer, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "patches" / "seed000-server-flags.patch"
 MiB = 1 << 20
 SMALL, LARGE = 3 * MiB + 7, 20 * MiB  # > one chunk, ragged tail; > the 6 MiB receive ring
 DIALECT = {"old": "7.0.0", "new": "7.0.0+flags"}
@@ -194,15 +193,6 @@ class RealCell:
         return out
 
 
-@pytest.fixture(scope="module")
-def lib_dir():
-    return softverbs_lib_dir()
-
-
-@pytest.fixture(scope="module")
-def builds():
-    """Bin dirs of the two generations, both with -DGGML_RPC_RDMA=ON."""
-    return {"old": rdma_peer_dir("p7"), "new": rdma_peer_dir("p7", PATCH)}
 
 
 def _device_env(lib_dir, stats_dir: Path, extra: dict | None = None) -> dict[str, str]:
@@ -355,3 +345,32 @@ def test_no_rdma_on_one_side_fails_the_rdma_check(builds, lib_dir, tmp_path, sid
                                                "server_sends", "client_send_bytes",
                                                "server_send_bytes"})
     assert not real.facts().switched and real.facts().client_sends == 0
+
+
+def test_the_old_client_new_server_cell_needs_the_partial_receive(tmp_path):
+    """Why old-client/new-server works: the old client's 256 KiB SEND carries the SET_TENSOR
+    header and the start of its data, which the new server reads header first. With 7.0.0's
+    whole-completion receive the same cell overruns (the emulation; tests/test_rdma_soft_fuzz.py
+    shows the real 7.0.0 receiver dying on such completions)."""
+    emu = emulated_cell(tmp_path, "old", "new", cache=False,
+                        server_config=SEED000.with_(recv_policy=WHOLE_COMPLETION))
+    assert emu.session.verdict == "fails"
+    assert [c.name for c in emu.checks if not c.ok] == ["conn 0: server: no receive overrun or "
+                                                         "lost bytes"]
+
+
+def test_the_pipelining_check_catches_a_ring_that_never_fills():
+    """Planted fault for the in-flight check on its own: a build that reports 8 send slots
+    but whose device counters never saw a second SEND outstanding."""
+    def qp(qpn, dest, **kw):
+        return QpStats(**{**NO_QP.__dict__, "pid": 1, "qpn": qpn, "dest_qpn": dest,
+                          "state": "RTS", "max_send": RDMA_CHUNK,
+                          "max_recv_queue": RDMA_RX_RING, **kw})
+    probed = "RDMA probed: dev=softverbs0 gid=3 RoCEv2 qpn={} inline=256 send slots=8"
+    payload = 2 * (SMALL + LARGE)
+    cell = RealCell(Session(), f"{probed.format(2)}\nRDMA activated: qpn=2->1 mtu=1024",
+                    [probed.format(1), "RDMA activated: qpn=1->2 mtu=1024"],
+                    [qp(1, 2, send_bytes=payload, recv_bytes=payload, max_send_queue=1)],
+                    [qp(2, 1, send_bytes=payload, recv_bytes=payload, max_send_queue=8)])
+    assert cell.problems(8, 8) == ["client with 8 send slots kept 1 in flight"]
+    assert cell.problems(1, 8) == ["client send ring 8, expected 1"]

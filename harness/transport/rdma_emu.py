@@ -176,7 +176,8 @@ GENERATIONS = {"old": OLD, "seed-000": SEED000, "9.0.0": V9}
 
 
 def config_for_dialect(dialect: Dialect | str) -> RdmaConfig:
-    """The RDMA generation a peer of ``dialect`` has (GGML_RPC_LOAD_OPT=0 would be OLD)."""
+    """The RDMA generation a peer of ``dialect`` has. GGML_RPC_LOAD_OPT=0 on a seed-000 build
+    sends like OLD but keeps the partial receive (docs/RDMA.md, section 1)."""
     name = get_dialect(dialect).name
     if name == "7.0.0+flags":
         return SEED000
