@@ -287,7 +287,7 @@ class PyverbsServer:
 # ---------------------------------------------------------------- a raw RDMA peer for fuzzing
 
 FUZZ_WORKER = r"""
-import json, sys
+import json, sys, time
 import numpy as np
 from harness.peer.client import RefClient, ServerClosed
 from harness.proto import RpcTensor, get_dialect, ggml
@@ -335,6 +335,9 @@ def run(case):
         if case.get("close_early"):  # TCP (and QP) gone while SENDs are still in flight
             return {"verdict": "closed-by-us", "sent": pos}
         ep.flush()
+        if case.get("hold"):  # a peer that stops posting receives: nothing read, then gone
+            time.sleep(case["hold"])
+            return {"verdict": "closed-by-us", "sent": pos}
         stage = "response"
         c.conn.reader.expect(last)
         ev = c._response()

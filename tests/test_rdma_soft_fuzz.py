@@ -27,7 +27,7 @@ from harness.proto.codec import pack_request
 from harness.proto.constants import RDMA_CHUNK
 from harness.transport.rdma_emu import (C_NEW, C_OLD, OLD, PARTIAL, WHOLE_COMPLETION,
                                         simulate_transfer)
-from harness.transport.softverbs import softverbs_env
+from harness.transport.softverbs import read_qp_stats, softverbs_env
 
 from softverbs_support import FuzzPeer, builds, lib_dir, pyverbs_session  # noqa: F401 (fixtures)
 from test_realclient_support import RealServer, realpeer
@@ -54,12 +54,12 @@ def stream_of(frames: str, size: int) -> bytes:
 
 
 def case(name: str, frames: str, size: int, writes, *, chunk: int = RDMA_CHUNK, slots: int = 1,
-         close_early: bool = False) -> dict:
+         close_early: bool = False, hold: float = 0.0) -> dict:
     n = len(stream_of(frames, size))
     if callable(writes):
         writes = writes(n)
     return {"name": name, "frames": frames, "size": size, "writes": list(writes), "chunk": chunk,
-            "slots": slots, "close_early": close_early, "timeout": HANG_AFTER}
+            "slots": slots, "close_early": close_early, "hold": hold, "timeout": HANG_AFTER}
 
 
 def cycled(sizes):
@@ -89,6 +89,11 @@ OVERSIZE = case("send-larger-than-a-slot", "set-get", 300_000, lambda n: [n],
                 chunk=2 * RDMA_CHUNK)
 CLOSE = case("tcp-close-with-sends-in-flight", "set-get", 4 << 20,
              lambda n: [1, 8, 2 << 20], slots=8, close_early=True)
+SET_8M = len(pack_request(D, m.SetTensorRequest(
+    RpcTensor.make(id=1, type=ggml.TYPE_I8, ne=(8 << 20,)), 0, 0, bytes(8 << 20))))
+# the 8 MiB GET_TENSOR response fills the fuzzer's 6 MiB of receives, which it never reposts
+STOP_RECEIVING = case("stops-posting-receives", "set-get", 8 << 20,
+                      lambda n: [1, 8, SET_8M - 9, 1, 8, n - SET_8M - 9], hold=1.0)
 LIVENESS = case("liveness", "get-base", 0, [1, 8, GET_BASE - 9])
 
 
@@ -112,6 +117,7 @@ class Target:
         self.starts += 1
         d = self.tmp / f"server-{self.starts}"
         d.mkdir(parents=True)
+        self.qps = d / "qps"
         env = softverbs_env(self.lib_dir, stats_dir=d / "qps")
         (d / "qps").mkdir()
         self.srv = RealServer(self.bin_dir, d / "server.log",
@@ -123,8 +129,12 @@ class Target:
 
     def run(self, peer: FuzzPeer, c: dict) -> dict:
         """The case's verdict; then death / stuck from the server's state afterwards."""
+        before = {(q.pid, q.qpn) for q in read_qp_stats(self.qps)}
         out = dict(peer.run(dict(c, endpoint=self.srv.endpoint), deadline=60))
         time.sleep(0.1)  # a crash lands just after the bad completion
+        # the server's QP of this case, as the device last saw it
+        out["server_qp"] = [{k: getattr(q, k) for k in ("state", "errors", "rnr_naks_received")}
+                            for q in read_qp_stats(self.qps) if (q.pid, q.qpn) not in before]
         exit_info = self.srv.proc.poll()
         if exit_info is not None:
             out.update(verdict="death", exit=str(exit_info))
@@ -149,7 +159,7 @@ def campaign(builds, lib_dir, tmp_path_factory):
         for gen, (build, env) in TARGETS.items():
             target = Target(builds[build], lib_dir, tmp / gen, env)
             try:
-                report[gen] = {c["name"]: target.run(peer, c) for c in [*CASES, OVERSIZE, CLOSE]}
+                report[gen] = {c["name"]: target.run(peer, c) for c in [*CASES, OVERSIZE, CLOSE, STOP_RECEIVING]}
             finally:
                 target.stop()
     (tmp / "report.json").write_text(json.dumps(report, indent=1))
@@ -183,6 +193,22 @@ def test_the_patched_server_takes_every_cut_and_survives_everything(campaign):
     # a SEND larger than the receive slot is a length error: the connection ends, cleanly
     assert new[OVERSIZE["name"]]["verdict"] in ("closed", "rdma-error"), new[OVERSIZE["name"]]
     assert new[CLOSE["name"]]["verdict"] == "closed-by-us"
+    assert new[STOP_RECEIVING["name"]]["verdict"] == "closed-by-us"
+
+
+def test_no_server_dies_or_wedges_on_the_flow_control_cases(campaign):
+    """A SEND beyond the receive slot, a TCP close mid-frame with SENDs in flight, a peer
+    that stops posting receives under a response: every server ends that connection and
+    serves the next client."""
+    for gen, cases in campaign.items():
+        for c in (OVERSIZE, CLOSE, STOP_RECEIVING):
+            r = cases[c["name"]]
+            assert r["verdict"] != "death" and "after" not in r, (gen, r)
+        # the device saw what each case is about: a length error; the server's SENDs told
+        # "receiver not ready" by the peer that stopped posting
+        assert [q["errors"] for q in cases[OVERSIZE["name"]]["server_qp"]] == [1], cases
+        assert [q["rnr_naks_received"] > 0
+                for q in cases[STOP_RECEIVING["name"]]["server_qp"]] == [True], cases
 
 
 def test_the_emulation_check_would_catch_a_whole_completion_patch():

@@ -853,7 +853,11 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
                 return IBV_WC_SUCCESS;
             }
         } else if (ok && m.type == MSG_RNR_NAK) {
+            /* counted under the lock and written now: the SEND may never complete */
+            pthread_mutex_lock(&q->lock);
             q->st.rnr_naks_received++;
+            sv_stats_write(q);
+            pthread_mutex_unlock(&q->lock);
             if (q->rnr_retry != 7 && ++rnr > q->rnr_retry) return IBV_WC_RNR_RETRY_EXC_ERR;
             sv_sleep_us(q, sv_rnr_us((uint8_t)m.a));
             continue;
