@@ -7,6 +7,7 @@ The RDMA build goes through :func:`rdma_peer_dir` only, so it can switch to the 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import select
@@ -65,17 +66,43 @@ def _rdma_cmake_flags() -> list[str]:
         ["-DGGML_RPC_RDMA=ON", "-DLLAMA_BUILD_TESTS=OFF"]
 
 
-def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
-    """Bin dir of ``pin_name`` built with -DGGML_RPC_RDMA=ON (server + libggml-rpc.so).
+def rdma_entry_name(pin_name: str, patch: Path | None) -> str:
+    """Cache entry of an RDMA build: ``p7-rdma``, or ``p7+<patch sha256[:16]>-rdma``."""
+    if patch is None:
+        return f"{pin_name}-rdma"
+    return f"{pin_name}+{hashlib.sha256(Path(patch).read_bytes()).hexdigest()[:16]}-rdma"
 
-    Built by hand from the sdist the peer cache already downloaded, into this test suite's
-    own cache entry (never the shared peers cache). Skips like the other real-peer tests
-    when that sdist is not there yet (``harness peers build p7`` fetches it).
+
+def _apply_patch(source: Path, patch: Path) -> None:
+    """``git apply`` the unified diff onto the unpacked llama.cpp tree (paths a/ggml/...).
+
+    Run from the tree's parent with ``--directory``: the sdist's tree has a dangling .git
+    link, and the ceiling keeps git from taking any repository above the temp dir.
+    """
+    git = shutil.which("git")
+    if not git:
+        pytest.fail("git missing: apt-get install git")
+    cmd = [git, "apply", "--verbose", f"--directory={source.name}", str(Path(patch).resolve())]
+    r = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(source.parent.parent)))
+    assert r.returncode == 0, f"{Path(patch).name} does not apply:\n{r.stdout}{r.stderr}"
+
+
+def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
+    """Bin dir of ``pin_name`` (plus ``patch``, a unified diff of its llama.cpp tree) built
+    with -DGGML_RPC_RDMA=ON: server + libggml-rpc.so.
+
+    The one place the suite gets RDMA builds from, so its body can become the product's
+    ``harness peers build --base PIN --patch FILE --rdma`` entry. Built by hand from the
+    sdist the peer cache already downloaded, into this suite's own cache entry
+    (:func:`rdma_entry_name`, never the shared peers cache). Skips like the other real-peer
+    tests when that sdist is not there yet (``harness peers build p7`` fetches it).
     """
     from harness.impls import build as b
     from harness.impls.registry import get_pin
     pin = get_pin(pin_name)
-    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / f"{pin_name}-rdma"
+    name = rdma_entry_name(pin_name, patch)
+    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / name
     bin_dir = entry / "bin"
     if (bin_dir / pin.server_target).is_file():
         return bin_dir
@@ -87,9 +114,11 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
         if not b.find_tool(tool):
             pytest.fail(f"{tool} missing: pip install -e '.[build]'")
     entry.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{pin_name}-rdma-") as tmp:
+    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{name}-") as tmp:
         tmp = Path(tmp)
         source, _ = b._unpack_sdist(pin, archive, tmp / "src")
+        if patch is not None:
+            _apply_patch(source, patch)
         build = tmp / "build"
         env = b._tool_env()
         cmake, ninja = b.find_tool("cmake"), b.find_tool("ninja")
@@ -98,7 +127,8 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
                     ["nice", cmake, "--build", str(build), "-j", "2", "--target",
                      pin.server_target]):
             r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
-            assert r.returncode == 0, f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
+            assert r.returncode == 0, \
+                f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
         staged = tmp / "bin"
         b._install_bin(build, staged, pin.server_target)
         if entry.exists():
@@ -106,6 +136,22 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN) -> Path:
         entry.mkdir()
         staged.rename(bin_dir)
     return bin_dir
+
+
+SEED000_PATCH = TESTS_DIR.parent / "patches" / "seed000-server-flags.patch"
+
+
+@pytest.fixture(scope="module")
+def lib_dir() -> Path:
+    """The soft device (import this fixture into a test module to use it)."""
+    return softverbs_lib_dir()
+
+
+@pytest.fixture(scope="module")
+def builds() -> dict[str, Path]:
+    """Bin dirs of seed 000's two generations, both with -DGGML_RPC_RDMA=ON: old = p7,
+    new = p7 + patches/seed000-server-flags.patch."""
+    return {"old": rdma_peer_dir("p7"), "new": rdma_peer_dir("p7", SEED000_PATCH)}
 
 
 # ---------------------------------------------------------------- did RDMA carry it?
@@ -164,8 +210,10 @@ if mode == "serve":  # "serve SERVER_CFG": print the port, serve until stdin clo
     out = {"connections": [{"rdma_active": c.rdma_active, "close_reason": c.close_reason}
                            for c in srv.connections],
            "notes": list(lst.notes), "devices": [ep.wire.dev.name for ep in lst.endpoints]}
-elif mode == "client":  # against a server given as HOST PORT
-    out = session(sys.argv[3], int(sys.argv[4]), rdma_emu.config_for_dialect("7.0.0"), size)
+elif mode == "client":  # against a server given as HOST PORT [CLIENT_CFG]
+    cfg = getattr(rdma_emu, sys.argv[5]) if len(sys.argv) > 5 else \
+        rdma_emu.config_for_dialect("7.0.0")
+    out = session(sys.argv[3], int(sys.argv[4]), cfg, size)
 else:  # "pair CLIENT_CFG SERVER_CFG": a reference server on verbs too, in this process
     ccfg, scfg = getattr(rdma_emu, sys.argv[3]), getattr(rdma_emu, sys.argv[4])
     srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=20,
@@ -189,8 +237,9 @@ def _pyverbs_cmd(lib_dir: Path, stats_dir: Path, mode: str, size: int, rest) -> 
 def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> dict:
     """The reference client over harness.transport.verbs (pyverbs) on the soft device, in a
     process of its own so the soft libibverbs is loaded there only. ``args``: ``client HOST
-    PORT`` (a server elsewhere) or ``pair CLIENT_CFG SERVER_CFG`` (rdma_emu preset names; a
-    reference server on verbs in the same process)."""
+    PORT [CLIENT_CFG]`` (a server elsewhere; default the 7.0.0 generation) or ``pair
+    CLIENT_CFG SERVER_CFG`` (a reference server on verbs too, in the same process); configs
+    are rdma_emu preset names."""
     mode, *rest = args
     cmd, env = _pyverbs_cmd(lib_dir, stats_dir, mode, size, rest)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
@@ -233,3 +282,116 @@ class PyverbsServer:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.communicate(timeout=10)
+
+
+# ---------------------------------------------------------------- a raw RDMA peer for fuzzing
+
+FUZZ_WORKER = r"""
+import json, sys, time
+import numpy as np
+from harness.peer.client import RefClient, ServerClosed
+from harness.proto import RpcTensor, get_dialect, ggml
+from harness.proto import messages as m
+from harness.proto.codec import pack_request
+from harness.transport.rdma_emu import (APP, C_OLD, PARTIAL, RdmaConfig, RdmaError, RdmaHang,
+                                        SendFramer)
+from harness.transport.verbs import connect_verbs
+
+D = get_dialect("7.0.0")
+
+def run(case):
+    host, port = case["endpoint"].rsplit(":", 1)
+    # HELLO and setup framed as the 7.0.0 client does (every server reads that); the fuzzed
+    # stream then goes out one SEND per write
+    cfg = RdmaConfig(name="fuzz", chunk=case["chunk"], send_slots=case["slots"],
+                     recv_policy=PARTIAL, send_framing=C_OLD, read_calls=APP,
+                     timeout=case["timeout"])
+    ep = connect_verbs(host, int(port), cfg, timeout=case["timeout"])
+    stage = "hello"
+    try:
+        c = RefClient(ep, D)
+        c.hello()
+        if not c.rdma_active:
+            return {"verdict": "no-rdma"}
+        stage = "setup"
+        size = case["size"]
+        ptr, _ = c.alloc_buffer(max(size, 1) + 4096)
+        base = c.buffer_get_base(ptr)
+        t = RpcTensor.make(id=0x1000, type=ggml.TYPE_I8, ne=(max(size, 1),), buffer=ptr, data=base)
+        data = np.random.default_rng(size).bytes(size)
+        if case["frames"] == "get-base":
+            last, want = m.BufferGetBaseRequest(ptr), base
+            stream = pack_request(D, last)
+        else:
+            last, want = m.GetTensorRequest(t, 0, size), data
+            stream = pack_request(D, m.SetTensorRequest(t, 0, 0, data)) + pack_request(D, last)
+        stage = "fuzzed writes"
+        ep.framer = SendFramer(cfg.chunk)
+        pos = 0
+        for n in case["writes"]:
+            ep.sendall(stream[pos:pos + n])
+            pos += n
+        assert pos == len(stream) or case.get("close_early"), (pos, len(stream))
+        if case.get("close_early"):  # TCP (and QP) gone while SENDs are still in flight
+            return {"verdict": "closed-by-us", "sent": pos}
+        ep.flush()
+        if case.get("hold"):  # a peer that stops posting receives: nothing read, then gone
+            time.sleep(case["hold"])
+            return {"verdict": "closed-by-us", "sent": pos}
+        stage = "response"
+        c.conn.reader.expect(last)
+        ev = c._response()
+        got = ev.message.base_ptr if case["frames"] == "get-base" else bytes(ev.message.data)
+        return {"verdict": "ok" if got == want else "wrong-data"}
+    except ServerClosed as e:
+        return {"verdict": "closed", "stage": stage, "why": str(e)[:200]}
+    except (RdmaHang, TimeoutError) as e:
+        return {"verdict": "hang", "stage": stage, "why": str(e)[:200]}
+    except RdmaError as e:
+        return {"verdict": "rdma-error", "stage": stage, "why": str(e)[:200]}
+    except OSError as e:
+        return {"verdict": "closed", "stage": stage, "why": f"{type(e).__name__}: {e}"[:200]}
+    finally:
+        ep.close()
+
+for line in sys.stdin:
+    print(json.dumps(run(json.loads(line))), flush=True)
+"""
+
+
+class FuzzPeer:
+    """The fuzzer as the RDMA peer of a real server: reference HELLO and setup through
+    harness.transport.verbs (pyverbs on the soft device), then a request stream written as
+    SENDs of the case's sizes (``writes``), its response checked. One process, one case per
+    ``run`` call; every call has a deadline and a dead worker is a failure."""
+
+    def __init__(self, lib_dir: Path, stats_dir: Path):
+        stats_dir.mkdir(parents=True, exist_ok=True)
+        env = softverbs_env(lib_dir, stats_dir=stats_dir)
+        root = str(TESTS_DIR.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-c", FUZZ_WORKER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env=env)
+
+    def run(self, case: dict, deadline: float) -> dict:
+        self.proc.stdin.write(json.dumps(case) + "\n")
+        self.proc.stdin.flush()
+        ready = select.select([self.proc.stdout], [], [], deadline)[0]
+        line = self.proc.stdout.readline() if ready else ""
+        if not line:
+            self.close()
+            raise AssertionError(f"fuzz worker gave no answer within {deadline} s:\n"
+                                 f"{self.proc.stderr.read()[-3000:]}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.communicate(timeout=10)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -135,8 +135,9 @@ GENERATIONS = {"old": OLD, "seed-000": SEED000, "9.0.0": V9}
 
 
 def config_for_dialect(dialect: Dialect | str) -> RdmaConfig:
-    """The RDMA data path a peer of ``dialect`` has: its row's generation (GGML_RPC_LOAD_OPT=0
-    would be OLD)."""
+    """The RDMA data path a peer of ``dialect`` has: its row's generation. GGML_RPC_LOAD_OPT=0
+    on a seed-000 build sends like OLD but keeps the partial receive (docs/RDMA.md, section 1;
+    measured on the real build over softverbs)."""
     return RdmaConfig.of(get_dialect(dialect).rdma)
 
 

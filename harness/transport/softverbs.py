@@ -139,6 +139,8 @@ class QpStats:
     rnr_naks_received: int
     retries: int
     errors: int
+    max_send_queue: int = 0  # most SENDs posted and not yet completed: 1 is stop-and-wait
+    max_recv_queue: int = 0  # most RECVs posted at once: the receive ring's depth
 
 
 def read_qp_stats(stats_dir: str | os.PathLike) -> list[QpStats]:

@@ -177,6 +177,8 @@ struct sv_stats {
     unsigned long long sends, send_bytes, recvs, recv_bytes;
     unsigned long long rnr_naks_sent, rnr_naks_received, retries, errors, max_send;
     unsigned long long inline_sends;
+    /* most send WRs posted and not yet completed (1: stop-and-wait), most receive WRs posted */
+    unsigned long long max_send_queue, max_recv_queue;
 };
 
 struct sv_qp {
@@ -662,15 +664,16 @@ static const char *sv_state_name(enum ibv_qp_state s) {
 
 static void sv_stats_write(struct sv_qp *q) {
     if (q->stats_fd < 0) return;
-    char buf[640];
+    char buf[768];
     int n = snprintf(buf, sizeof(buf),
         "{\"pid\": %d, \"qpn\": %u, \"dest_qpn\": %u, \"state\": \"%s\", \"sends\": %llu, "
         "\"send_bytes\": %llu, \"inline_sends\": %llu, \"max_send\": %llu, \"recvs\": %llu, "
         "\"recv_bytes\": %llu, \"rnr_naks_sent\": %llu, \"rnr_naks_received\": %llu, "
-        "\"retries\": %llu, \"errors\": %llu}\n",
+        "\"retries\": %llu, \"errors\": %llu, \"max_send_queue\": %llu, \"max_recv_queue\": %llu}\n",
         (int)getpid(), q->qp.qp_num, q->dest_qpn, sv_state_name(q->qp.state), q->st.sends,
         q->st.send_bytes, q->st.inline_sends, q->st.max_send, q->st.recvs, q->st.recv_bytes,
-        q->st.rnr_naks_sent, q->st.rnr_naks_received, q->st.retries, q->st.errors);
+        q->st.rnr_naks_sent, q->st.rnr_naks_received, q->st.retries, q->st.errors,
+        q->st.max_send_queue, q->st.max_recv_queue);
     if (pwrite(q->stats_fd, buf, (size_t)n, 0) == n) {
         int rc = ftruncate(q->stats_fd, n);
         (void)rc;
@@ -850,7 +853,11 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
                 return IBV_WC_SUCCESS;
             }
         } else if (ok && m.type == MSG_RNR_NAK) {
+            /* counted under the lock and written now: the SEND may never complete */
+            pthread_mutex_lock(&q->lock);
             q->st.rnr_naks_received++;
+            sv_stats_write(q);
+            pthread_mutex_unlock(&q->lock);
             if (q->rnr_retry != 7 && ++rnr > q->rnr_retry) return IBV_WC_RNR_RETRY_EXC_ERR;
             sv_sleep_us(q, sv_rnr_us((uint8_t)m.a));
             continue;
@@ -1250,6 +1257,13 @@ static int sv_fill_wr(struct sv_wr *w, uint64_t wr_id, struct ibv_sge *sg, int n
     return 0;
 }
 
+/* A new high-water mark of a queue, written at once (the next completion may never come). */
+static void sv_note_depth(struct sv_qp *q, unsigned long long *mark, int count) {
+    if ((unsigned long long)count <= *mark) return;
+    *mark = (unsigned long long)count;
+    sv_stats_write(q);
+}
+
 static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad) {
     struct sv_qp *q = to_qp(qp);
     int rc = 0;
@@ -1273,6 +1287,7 @@ static int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_se
             }
         }
         q->sq.count++;
+        sv_note_depth(q, &q->st.max_send_queue, q->sq.count);
         if (qp->state == IBV_QPS_ERR) { /* accepted and flushed at once, as an HCA does */
             sv_complete(q, qp->send_cq, w->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_SEND, 0);
             sv_queue_pop(&q->sq);
@@ -1295,6 +1310,7 @@ static int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_re
         struct sv_wr *w = sv_queue_tail(&q->rq);
         if ((rc = sv_fill_wr(w, wr->wr_id, wr->sg_list, wr->num_sge))) break;
         q->rq.count++;
+        sv_note_depth(q, &q->st.max_recv_queue, q->rq.count);
         if (qp->state == IBV_QPS_ERR) {
             sv_complete(q, qp->recv_cq, w->wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
             sv_queue_pop(&q->rq);
