@@ -14,11 +14,9 @@ import select
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
-from platformdirs import user_cache_dir
 
 from harness.transport.softverbs import (
     QpStats,
@@ -60,82 +58,32 @@ def run_semantics(exe: Path, lib_dir: Path, case: str, stats_dir: Path) -> subpr
 
 # ---------------------------------------------------------------- the RDMA build of a real peer
 
-def _rdma_cmake_flags() -> list[str]:
-    from harness.impls.recipe import CMAKE_FLAGS
-    return [f for f in CMAKE_FLAGS if not f.startswith("-DGGML_RPC_RDMA=")] + \
-        ["-DGGML_RPC_RDMA=ON", "-DLLAMA_BUILD_TESTS=OFF"]
-
-
 def rdma_entry_name(pin_name: str, patch: Path | None) -> str:
-    """Cache entry of an RDMA build: ``p7-rdma``, or ``p7+<patch sha256[:16]>-rdma``."""
+    """The product's name of an RDMA build: ``p7+rdma``, or ``p7f+rdma`` for the pin that is
+    p7 plus ``patch`` (the shipped pins.toml row when its patch is that file)."""
+    return _rdma_pin(pin_name, patch).name
+
+
+def _rdma_pin(pin_name: str, patch: Path | None):
+    from harness.impls.build import patched_pin
+    from harness.impls.registry import resolve_pin
     if patch is None:
-        return f"{pin_name}-rdma"
-    return f"{pin_name}+{hashlib.sha256(Path(patch).read_bytes()).hexdigest()[:16]}-rdma"
-
-
-def _apply_patch(source: Path, patch: Path) -> None:
-    """``git apply`` the unified diff onto the unpacked llama.cpp tree (paths a/ggml/...).
-
-    Run from the tree's parent with ``--directory``: the sdist's tree has a dangling .git
-    link, and the ceiling keeps git from taking any repository above the temp dir.
-    """
-    git = shutil.which("git")
-    if not git:
-        pytest.fail("git missing: apt-get install git")
-    cmd = [git, "apply", "--verbose", f"--directory={source.name}", str(Path(patch).resolve())]
-    r = subprocess.run(cmd, cwd=source.parent, capture_output=True, text=True, timeout=120,
-                       env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(source.parent.parent)))
-    assert r.returncode == 0, f"{Path(patch).name} does not apply:\n{r.stdout}{r.stderr}"
+        return resolve_pin(pin_name).variant(rdma=True)
+    digest = hashlib.sha256(Path(patch).read_bytes()).hexdigest()[:8]
+    return patched_pin(pin_name, patch, f"{pin_name}-{digest}").variant(rdma=True)
 
 
 def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
     """Bin dir of ``pin_name`` (plus ``patch``, a unified diff of its llama.cpp tree) built
-    with -DGGML_RPC_RDMA=ON: server + libggml-rpc.so.
-
-    The one place the suite gets RDMA builds from, so its body can become the product's
-    ``harness peers build --base PIN --patch FILE --rdma`` entry. Built by hand from the
-    sdist the peer cache already downloaded, into this suite's own cache entry
-    (:func:`rdma_entry_name`, never the shared peers cache). Skips like the other real-peer
-    tests when that sdist is not there yet (``harness peers build p7`` fetches it).
-    """
-    from harness.impls import build as b
-    from harness.impls.registry import get_pin
-    pin = get_pin(pin_name)
-    name = rdma_entry_name(pin_name, patch)
-    entry = Path(user_cache_dir("ggml-rpc-harness")) / "softverbs-peers" / name
-    bin_dir = entry / "bin"
-    if (bin_dir / pin.server_target).is_file():
-        return bin_dir
-    archive = b._cached_download(pin)
-    if archive is None:
-        pytest.skip(f"no cached sdist of {pin.package}=={pin.version}: run "
-                    f"`harness peers build {pin_name}` first")
-    for tool in ("cmake", "ninja"):
-        if not b.find_tool(tool):
-            pytest.fail(f"{tool} missing: pip install -e '.[build]'")
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=entry.parent, prefix=f".{name}-") as tmp:
-        tmp = Path(tmp)
-        source, _ = b._unpack_sdist(pin, archive, tmp / "src")
-        if patch is not None:
-            _apply_patch(source, patch)
-        build = tmp / "build"
-        env = b._tool_env()
-        cmake, ninja = b.find_tool("cmake"), b.find_tool("ninja")
-        for cmd in ([cmake, "-S", str(source), "-B", str(build), "-G", "Ninja",
-                     f"-DCMAKE_MAKE_PROGRAM={ninja}", *_rdma_cmake_flags()],
-                    ["nice", cmake, "--build", str(build), "-j", "2", "--target",
-                     pin.server_target]):
-            r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=3000)
-            assert r.returncode == 0, \
-                f"{' '.join(cmd)} failed:\n{r.stdout[-3000:]}{r.stderr[-3000:]}"
-        staged = tmp / "bin"
-        b._install_bin(build, staged, pin.server_target)
-        if entry.exists():
-            shutil.rmtree(entry)
-        entry.mkdir()
-        staged.rename(bin_dir)
-    return bin_dir
+    with -DGGML_RPC_RDMA=ON (server + libggml-rpc.so): the product's own variant build,
+    ``harness peers build [--base PIN --patch FILE] --rdma``, in the peers cache."""
+    from harness.impls.build import build_pin
+    from harness.impls.errors import ImplError
+    pin = _rdma_pin(pin_name, patch)
+    try:
+        return Path(build_pin(pin, jobs=2).bin_dir)
+    except ImplError as e:
+        pytest.fail(f"the RDMA build {pin.name} failed: {e}")
 
 
 SEED000_PATCH = TESTS_DIR.parent / "patches" / "seed000-server-flags.patch"

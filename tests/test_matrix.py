@@ -15,7 +15,7 @@ from harness.matrix.cells import expand, expectation_for
 from harness.matrix.model import MatrixError, load_matrix
 from harness.matrix.releases import predict
 from harness.matrix.execute import run_cells
-from harness.scenario import NOT_APPLICABLE, PEER_MISSING, Check, Observation, Skip
+from harness.scenario import PEER_MISSING, Check, Observation, Skip
 from harness.matrix.verdict import judge
 from harness.impls.driver import ExitInfo
 from harness.matrix.model import Expectation

@@ -226,7 +226,7 @@ class TargetSpec:
         if head == "docker":
             if not knob_text:
                 raise TargetError(f"{text}: name an image (docker:IMAGE) or a pin (docker:p7)")
-            return cls("docker", "docker-" + _slug(knob_text), _dialect_or_none(dialect),
+            return cls("docker", "docker-" + slug(knob_text), _dialect_or_none(dialect),
                        image=knob_text)
         if head == "ref" or head.startswith("ref-"):
             name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else "7.0.0"))

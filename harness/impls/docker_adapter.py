@@ -28,7 +28,7 @@ import psutil
 
 from .driver import ExitInfo
 from .real_client import CtypesClientDriver
-from .supervisor import (BANNER_RE, BIND_FAILED_TEXT, ServerProcess, ServerStartError,
+from .supervisor import (BANNER_RE, ServerProcess, ServerStartError,
                          _socket_inodes_of, exit_info_from, listening_inodes, start_retrying)
 
 LABEL = "ggml-rpc-harness"
