@@ -172,6 +172,9 @@ class CellContext:
         if self.client_kind == "docker":
             return Skip("the model client (llama-simple) runs natively only, not from an image",
                         PROGRAM_MISSING, f"{self.client_adapter.pin}:llama-simple in an image")
+        if self.client_kind == "pin" and self.client_adapter.peer().kind == "wheel":
+            return Skip(f"{self.client_adapter.pin} is a prebuilt wheel: its libraries ship no "
+                        "llama-simple to build (a property of the pin, not of this machine)")
         bin_dir = self.client_adapter.bin_dir
         if bin_dir is None or not (bin_dir / "llama-simple").exists():
             return Skip(f"{self.client_adapter.pin} has no llama-simple: run `harness peers build "
