@@ -42,7 +42,9 @@ def load_rows(d: pd.DataFrame) -> list[list[str]]:
     out = []
     if "facts" not in d:
         return out
-    for _, r in d[d["scenario"].isin(LOAD_SCENARIOS)].iterrows():
+    cells = d[d["scenario"].isin(LOAD_SCENARIOS)]
+    order = cells["scenario"].map(LOAD_SCENARIOS.index)  # single-server runs first, then fleets
+    for _, r in cells.iloc[order.argsort(kind="stable")].iterrows():
         facts = r["facts"] if isinstance(r["facts"], dict) else {}
         runs = facts.get("load_runs") or []
         fleet = sorted({run["endpoint"] for run in runs}) if r["scenario"] == "mixed-fleet" \
