@@ -286,7 +286,8 @@ def _load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int
             "set_tensor": wire.set_tensor_calls, "set_tensor_bytes": wire.set_tensor_bytes,
             "set_tensor_hash": wire.hash_calls, "cache_hits": wire.hash_hits,
             "bytes_hashed": wire.bytes_hashed,
-            "client_profile": _sum_profiles(client_records), "server_profile": _sum_profiles(records)}
+            "client_profile": _sum_profiles(client_records),
+            "server_profile": _sum_profiles(records)}
 
 
 @dataclass
