@@ -114,7 +114,15 @@ class Context(Protocol):
 
     def model_client_unavailable(self) -> Skip | None: ...
 
-    def run_model_client(self) -> dict: ...
+    # llama-simple once locally, then ``runs`` times over RPC to ``servers`` (default: the
+    # cell's own); a mixed fleet adds the design's other server role (``other_server``)
+    other_server: Any  # its adapter (kind, dialect, name), or None
+
+    def run_model_client(self, *, runs: int = 1, servers: list | None = None) -> dict: ...
+
+    def own_server(self) -> Any: ...
+
+    def start_other_server(self) -> Any: ...
 
 
 class Scenario:

@@ -1,36 +1,29 @@
 """Seed 000 as real C code: patches/seed000-server-flags.patch on the 7.0.0 tree, on the wire.
 
 The patched build (client library and ggml-rpc-server) comes from ONE fixture,
-``seed000_peer``: the ``p7f`` pin when the registry has it built, else a build of the patch
-made here in a temp dir. Every cell is judged from the recorded bytes (canonical transcripts)
-against the real 7.0.0 peer (p7) and the reference 7.0.0+flags peer, and the profiler's own
-lines (GGML_RPC_LOADPROF=1) are checked against the same wire.
+``seed000_peer``: the ``p7f`` pin of pins.toml (p7 + the patch), which must be built. Every
+cell is judged from the recorded bytes (canonical transcripts) against the real 7.0.0 peer (p7)
+and the reference 7.0.0+flags peer, and the profiler's own lines (GGML_RPC_LOADPROF=1) are
+checked against the same wire.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import tarfile
 from pathlib import Path
 
 import pytest
 
 from harness.capture.canonical import first_divergence
 from harness.capture.loadprof_log import LoadProfError, of_side, parse_loadprof
-from harness.impls.recipe import CMAKE_FLAGS
-from harness.impls.tools import find_tool
 from harness.impls.ref_client import RefClientDriver
-from harness.impls.registry import (Peer, PeerError, PeerNotFound, downloads_dir, get_peer,
-                                    get_pin, probe_hello, verify_peer)
+from harness.impls.registry import Peer, PeerError, get_peer, probe_hello, verify_peer
 from harness.impls.supervisor import ServerProcess, start_reference_server
 from harness.proto import HASH_THRESHOLD, SERVER_FLAG_CACHE
 from test_interop_real import run_session
 
 ROOT = Path(__file__).resolve().parents[1]
-PATCH = ROOT / "patches" / "seed000-server-flags.patch"
-PATCHED_PIN = "p7f"  # pins.toml entry: p7 + this patch
+PATCHED_PIN = "p7f"  # pins.toml entry: p7 + patches/seed000-server-flags.patch
 BASE_PIN = "p7"
 RECORDED_LOG = ROOT / "fixtures" / "loadprof" / "seed000-cache-two-loads.log"
 PROFILE = {"GGML_RPC_LOADPROF": "1"}
@@ -49,51 +42,14 @@ LOAD = [
 ]
 
 
-# ------------------------------------------------------------------------------ the build
-def _build_patched(work: Path) -> Peer:
-    """Unpack the base pin's sdist, apply the patch, build ggml-rpc-server with the pins' flags."""
-    pin = get_pin(BASE_PIN)
-    archive = downloads_dir() / f"{pin.package.replace('-', '_')}-{pin.version}.tar.gz"
-    cmake, ninja, git = find_tool("cmake"), find_tool("ninja"), find_tool("git")
-    if not archive.is_file():
-        pytest.skip(f"no {archive.name} in the download cache: "
-                    f"run `harness peers build {BASE_PIN}`")
-    if not (cmake and ninja and git):
-        pytest.skip("building the patched peer needs cmake, ninja and git")
-    with tarfile.open(archive) as tar:
-        members = tar.getmembers()
-        sub = f"{members[0].name.split('/')[0]}/{pin.source_subdir.strip('/')}"
-        tar.extractall(work, members=[m for m in members if m.name.startswith(sub + "/")],
-                       filter="data")
-    source, build = work / sub, work / "build"
-
-    def step(cmd, cwd=None, env=None):
-        r = subprocess.run(["nice", *cmd], cwd=cwd, capture_output=True, text=True, timeout=1800,
-                           env=env)
-        assert r.returncode == 0, f"{' '.join(map(str, cmd))}:\n{(r.stdout + r.stderr)[-3000:]}"
-
-    # From outside the tree: its .git is a submodule link the sdist does not ship, and the
-    # ceiling keeps git from treating any repository above the temp dir as the target.
-    step([git, "apply", "--verbose", f"--directory={sub}", str(PATCH)], cwd=work,
-         env=dict(os.environ, GIT_CEILING_DIRECTORIES=str(work.parent)))
-    step([cmake, "-S", source, "-B", build, "-G", "Ninja", f"-DCMAKE_MAKE_PROGRAM={ninja}",
-          *CMAKE_FLAGS, "-DLLAMA_BUILD_TESTS=OFF"])
-    step([cmake, "--build", build, "-j", "2", "--target", pin.server_target])
-    bin_dir = build / "bin"
-    return Peer(name="p7f-test", pin=None, package=None, version=None, proto="7.0.0", kind="user",
-                bin_dir=bin_dir, available=True, server_binary=bin_dir / pin.server_target,
-                lib_dir=bin_dir)
-
-
+# ------------------------------------------------------------------------------ the builds
 @pytest.fixture(scope="session")
-def seed000_peer(tmp_path_factory) -> Peer:
-    """The patched 7.0.0 build: the registry's p7f when built, else built here from the patch."""
-    try:
-        peer = get_peer(PATCHED_PIN)
-    except PeerNotFound:
-        peer = None
-    if peer is None or not peer.available:
-        peer = _build_patched(tmp_path_factory.mktemp("seed000-build"))
+def seed000_peer() -> Peer:
+    """The patched 7.0.0 build: pins.toml's p7f (`make peers` builds it). Not built is a
+    failure, not a skip: these tests are the evidence that the patch does what seed 000 says."""
+    peer = get_peer(PATCHED_PIN)
+    assert peer.available, (f"{PATCHED_PIN} is not built ({peer.reason}): run `harness peers "
+                            f"build {PATCHED_PIN} --extra-target llama-simple` or `make peers`")
     assert verify_peer(peer, expected="7.0.0").hello == "7.0.0"  # the version stays 7.0.0
     return peer
 

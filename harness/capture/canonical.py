@@ -46,10 +46,23 @@ class _Namer:
             return 0
         return self.tensors.setdefault(v, f"T{len(self.tensors) + 1}")
 
+    buffers_named: int = 0
+
     def buffer(self, v: int) -> str | int:
         if not v:
             return 0
-        return self.buffers.setdefault(v, f"B{len(self.buffers) + 1}")
+        if v not in self.buffers:
+            self.buffers_named += 1
+            self.buffers[v] = f"B{self.buffers_named}"
+        return self.buffers[v]
+
+    def retire_buffer(self, v: int) -> None:
+        """FREE_BUFFER: the handle (and its memory) may come back from the server's allocator
+        for another buffer, which is a new buffer and gets a new name."""
+        sym = self.buffers.pop(v, None)
+        if sym is not None:
+            self.bases.pop(sym, None)
+            self.sizes.pop(sym, None)
 
     def address(self, v: int) -> str | int:
         if not v:
@@ -115,6 +128,8 @@ def canonical(session: Session) -> list[dict]:
             sym = req["remote_ptr"]
             n.bases[sym] = ex.response.base_ptr
             rsp = {"base_ptr": sym}
+        if ex.cmd is Cmd.FREE_BUFFER:
+            n.retire_buffer(ex.request.remote_ptr)
         item = {"cmd": ex.cmd.value, "request": req}
         if ex.expects_response:
             item["response"] = rsp

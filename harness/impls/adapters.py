@@ -85,7 +85,9 @@ class Adapter:
         return get_peer(self.pin)
 
     # ------------------------------------------------------------ server
-    def start_server(self, workdir: Path, cache_dir: Path | None) -> ServerProcess:
+    def start_server(self, workdir: Path, cache_dir: Path | None,
+                     env: dict[str, str] | None = None) -> ServerProcess:
+        """``env``: variables for a real peer's server (e.g. GGML_RPC_LOADPROF=1)."""
         workdir.mkdir(parents=True, exist_ok=True)
         if self.kind == "ref":
             # the real servers keep entries in <LLAMA_CACHE>/rpc; mirror that layout
@@ -101,7 +103,7 @@ class Adapter:
                 raise ServerStartError(f"{self.name}: {e}") from None
             return DockerServer.start(image, self.command, name=self.name, workdir=workdir,
                                       cache_dir=cache_dir)
-        return start_peer_server(self.peer(), cache_dir=cache_dir, workdir=workdir)
+        return start_peer_server(self.peer(), cache_dir=cache_dir, workdir=workdir, env=env)
 
     # ------------------------------------------------------------ clients
     def new_client(self, *, step_timeout: float = 60.0, knobs: Misbehaviour | None = None,

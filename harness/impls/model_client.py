@@ -36,6 +36,8 @@ DEFAULT_N_PREDICT = 24
 DEFAULT_TIMEOUT = 300.0
 SHIM_EXIT_REFUSED = 3  # rpc_preload.c's exit code when ggml_backend_rpc_add_server returns NULL
 _HIDDEN_ENV = ("LD_PRELOAD", "GGML_RPC_SERVERS")
+# Seed 000's profiler (patches/seed000-server-flags.patch); builds without it ignore it.
+LOADPROF_ENV = {"GGML_RPC_LOADPROF": "1"}
 
 
 # -- tiny model -----------------------------------------------------------------------------
@@ -57,6 +59,13 @@ class TinyModelSpec:
         return (f"tiny-llama-l{self.layers}-e{self.embd}-f{self.ff}-h{self.heads}-kv{self.kv_heads}"
                 f"-c{self.ctx}-s{self.seed}-{'f16' if self.f16 else 'f32'}"
                 f"{'-min' if self.minimal else ''}.gguf")
+
+
+# The model-load experiment's model: its three feed-forward matrices per layer are 256 x 11264
+# f32 = 11 MiB each, above the 10 MiB hash threshold, so a caching server's path is taken
+# (SET_TENSOR_HASH, cold miss, warm hit); 100 MiB in all, loaded in about a second here. Three
+# layers, so a split across two servers gives each of them feed-forward weights.
+LOAD_MODEL_SPEC = TinyModelSpec(layers=3, embd=256, ff=11264)
 
 
 def _vocab(gguf):

@@ -438,11 +438,12 @@ class ServerProcess:
 
 def start_peer_server(peer, *, cache_dir: Path | str | None = None, workdir: Path | str | None = None,
                       threads: int = 1, host: str = "127.0.0.1", port: int | None = None,
-                      ready_timeout: float = 30.0) -> ServerProcess:
-    """Start a real peer's server (see realpeer.RealPeer.server_cmd)."""
+                      ready_timeout: float = 30.0, env: Mapping[str, str] | None = None
+                      ) -> ServerProcess:
+    """Start a real peer's server (see realpeer.RealPeer.server_cmd); ``env`` adds variables."""
     if not peer.available:
         raise PeerUnavailable(f"peer {peer.name} is unavailable: {peer.reason}")
-    _, env = peer.server_cmd(host, 0, cache_dir, threads)
+    env = {**peer.server_cmd(host, 0, cache_dir, threads)[1], **(env or {})}
     return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, threads)[0], env,
                                name=peer.name, host=host, port=port, workdir=workdir,
                                ready_timeout=ready_timeout)

@@ -16,12 +16,14 @@ import scenarios  # noqa: F401 - importing the package registers every scenario
 
 from ..capture.decode import iter_lines
 from ..capture.loadprof import LoadProfile, plot, profile
+from ..capture.loadprof_log import ConnectionProfile, of_side, parse_loadprof
 from ..capture.pcap import write_pcap
 from ..capture.proxy import RecordingProxy, compact
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter, adapter_for, adapter_for_peer
 from ..impls.driver import ClientDriver, ExitInfo
-from ..impls.model_client import compare_local_rpc
+from ..impls.model_client import (LOAD_MODEL_SPEC, LOADPROF_ENV, ModelRun, ensure_shim,
+                                  run_llama_simple, tiny_model)
 from ..impls.supervisor import ServerProcess, ServerStartError
 from ..peer.client import RefClient
 from ..peer.knobs import Misbehaviour, parse_knobs
@@ -36,6 +38,32 @@ from .rdma import InProcessRdmaServer, connection_checks
 from .rdma import unavailable as rdma_unavailable
 from .releases import predict
 from .verdict import ERROR, HANG, Verdict, describe, judge
+
+
+@dataclass
+class FleetServer:
+    """One server of a cell behind its recording proxy: the cell's own, or one more that a
+    scenario started (a mixed fleet: the design's other server role)."""
+
+    name: str  # the implementation
+    server: ServerProcess
+    proxy: RecordingProxy | None
+    port: int  # where a client connects (the proxy's port)
+    cache_dir: Path | None
+
+    @property
+    def endpoint(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def transcripts(self) -> list[Transcript]:
+        if self.proxy is None:
+            return []
+        self.proxy.wait_quiet(timeout=10.0)
+        return list(self.proxy.transcripts)
+
+    def profiles(self) -> list[ConnectionProfile]:
+        """The server's own load profile records (GGML_RPC_LOADPROF=1 builds print them)."""
+        return of_side(parse_loadprof(self.server.log_text().splitlines()), "server")
 
 
 @dataclass
@@ -58,6 +86,9 @@ class CellContext:
     front_port: int | None = None  # a fault-injecting proxy in front of the recorder
     connect: object = None  # RDMA cells: dialect -> (host, port) -> Transport
     endpoints: list = field(default_factory=list)  # RDMA cells: every client endpoint
+    other_server: Adapter | None = None  # the design's other server role
+    fleet: list[FleetServer] = field(default_factory=list)  # servers a scenario started
+    proxy_timeout: float = 600.0
     # the labels scenarios read (harness.scenario.Context), from the two adapters
     client_dialect: str = field(init=False)
     server_dialect: str = field(init=False)
@@ -141,6 +172,9 @@ class CellContext:
         if self.client_kind == "docker":
             return Skip("the model client (llama-simple) runs natively only, not from an image",
                         PROGRAM_MISSING, f"{self.client_adapter.pin}:llama-simple in an image")
+        if self.client_kind == "pin" and self.client_adapter.peer().kind == "wheel":
+            return Skip(f"{self.client_adapter.pin} is a prebuilt wheel: its libraries ship no "
+                        "llama-simple to build (a property of the pin, not of this machine)")
         bin_dir = self.client_adapter.bin_dir
         if bin_dir is None or not (bin_dir / "llama-simple").exists():
             return Skip(f"{self.client_adapter.pin} has no llama-simple: run `harness peers build "
@@ -148,17 +182,112 @@ class CellContext:
                         PROGRAM_MISSING, f"{self.client_adapter.pin}:llama-simple")
         return None
 
-    def run_model_client(self) -> dict:
-        check = compare_local_rpc(self.client_adapter.bin_dir, [self.endpoint],
-                                  timeout=self.step_timeout * 5)
-        rpc_exit = check.rpc.exit
-        if rpc_exit is not None and rpc_exit.aborted and "version mismatch" in (rpc_exit.message or ""):
-            sessions = self.sessions()
-            return {"rejected": True, "observation": Observation(
-                REJECTED, rejected_by="client", message=rpc_exit.message,
-                facts=handshake_facts(sessions[0]) if sessions else {})}
-        (self.workdir / "model.json").write_text(json.dumps(check.summary(), indent=2))
-        return {"equal": check.equal, "local_text": check.local_text, "rpc_text": check.rpc_text}
+    def own_server(self) -> FleetServer:
+        return FleetServer(self.cell.server, self.server, self.proxy, self.port, self.cache_dir)
+
+    def start_other_server(self) -> FleetServer:
+        """Start the design's other server role beside the cell's own, recorded the same way."""
+        if self.other_server is None:
+            raise RuntimeError(f"{self.cell.id}: no other server role to start")
+        n = len(self.fleet) + 2
+        cache_dir = self.workdir / f"cache{n}" if self.cache else None
+        srv = self.other_server.start_server(self.workdir / f"server{n}", cache_dir,
+                                             env=LOADPROF_ENV)
+        try:
+            proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=self.proxy_timeout,
+                                   deadline=self.proxy_timeout, keep=CELL_KEEP).start()
+        except BaseException:
+            srv.stop()
+            raise
+        member = FleetServer(self.other_server.name, srv, proxy, proxy.port, cache_dir)
+        self.fleet.append(member)
+        return member
+
+    def run_model_client(self, *, runs: int = 1, servers: list[FleetServer] | None = None
+                         ) -> dict:
+        """llama-simple with the load model: once locally, then ``runs`` times over RPC to
+        ``servers`` (default: the cell's own; the same servers and cache dirs every run, so
+        the second run is a warm cache). Each run's row per server: what the wire showed
+        (that run's connections only) and what both sides' profilers printed."""
+        servers = servers or [self.own_server()]
+        bin_dir = self.client_adapter.bin_dir
+        model, shim = tiny_model(LOAD_MODEL_SPEC), ensure_shim(bin_dir)
+        timeout = self.step_timeout * 5
+        local = run_llama_simple(bin_dir, model, timeout=timeout)
+        summary = {"model": model.name, "local": _run_summary(local), "runs": []}
+        rows = []
+        for i in range(runs):
+            marks = [(len(m.transcripts()), len(m.profiles())) for m in servers]
+            rpc = run_llama_simple(bin_dir, model, servers=[m.endpoint for m in servers],
+                                   shim=shim, env=LOADPROF_ENV, timeout=timeout)
+            if rpc.exit.aborted and "version mismatch" in (rpc.exit.message or ""):
+                sessions = self.sessions()
+                return {"rejected": True, "observation": Observation(
+                    REJECTED, rejected_by="client", message=rpc.exit.message,
+                    facts=handshake_facts(sessions[0]) if sessions else {})}
+            label = ("cold", "warm")[i] if runs == 2 and self.cache else str(i + 1)
+            equal = local.ok and rpc.ok and local.stdout == rpc.stdout
+            clients = of_side(parse_loadprof(rpc.log), "client")
+            for m, (n_conns, n_profiles) in zip(servers, marks):
+                rows.append(_load_run_row(label, m, n_conns, n_profiles, rpc, equal,
+                                          [p for p in clients if p.endpoint == m.endpoint]))
+            summary["runs"].append({"run": label, "equal": equal, **_run_summary(rpc)})
+        (self.workdir / "model.json").write_text(json.dumps(summary, indent=2))
+        return {"equal": all(r["equal"] for r in summary["runs"]), "local_text": local.text,
+                "rpc_texts": [r["text"] for r in summary["runs"]], "load_runs": rows}
+
+
+def _run_summary(run: ModelRun) -> dict:
+    return {"rc": run.exit.returncode, "signal": run.exit.signal, "message": run.exit.message,
+            "seconds": round(run.seconds, 3), "text": run.text, "tokens": run.decoded_tokens}
+
+
+def _sum_profiles(records: list[ConnectionProfile]) -> dict | None:
+    """One profile for several connections: counts and times add up, the span is the longest."""
+    if not records:
+        return None
+    out: dict = {}
+    for rec in records:
+        for k, v in rec.to_dict().items():
+            if k in ("side", "conn", "endpoint", "commands"):
+                continue
+            if k in ("span_s", "max_gap_s"):
+                out[k] = max(out.get(k, 0.0), v)
+            elif k == "flags":
+                out[k] = out.get(k, 0) | v
+            elif k == "load_opt":
+                out[k] = out.get(k, True) and v
+            else:
+                out[k] = out.get(k, 0) + v
+    out["connections"] = len(records)
+    return out
+
+
+# A server prints its profile record when the client's connection ends, which may come a
+# moment after the proxy saw the connection close.
+_PROFILE_SETTLE_S = 5.0
+
+
+def _load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int, rpc: ModelRun,
+                  equal: bool, client_records: list[ConnectionProfile]) -> dict:
+    transcripts = member.transcripts()[n_conns:]
+    wire = LoadProfile()
+    for t in transcripts:
+        wire.merge(profile(t, t.decode()))
+    records = member.profiles()[n_profiles:]
+    settle = time.monotonic() + _PROFILE_SETTLE_S
+    while records and len(records) < len(transcripts) and time.monotonic() < settle:
+        time.sleep(0.1)
+        records = member.profiles()[n_profiles:]
+    return {"run": label, "server": member.name, "endpoint": member.endpoint, "equal": equal,
+            "wall_s": round(rpc.seconds, 4), "connections": len(transcripts),
+            "upload_span_s": wire.upload_span, "hashing_s": wire.hashing_seconds,
+            "wire_s": wire.wire_seconds, "gaps_s": wire.gap_seconds,
+            "set_tensor": wire.set_tensor_calls, "set_tensor_bytes": wire.set_tensor_bytes,
+            "set_tensor_hash": wire.hash_calls, "cache_hits": wire.hash_hits,
+            "bytes_hashed": wire.bytes_hashed,
+            "client_profile": _sum_profiles(client_records),
+            "server_profile": _sum_profiles(records)}
 
 
 @dataclass
@@ -177,6 +306,7 @@ class PlannedCell:
     client: Adapter
     server: Adapter
     client_knobs: Misbehaviour | None = None
+    other_server: Adapter | None = None  # the design's other server role (mixed fleets)
 
 
 def _row(job: PlannedCell, verdict: Verdict, obs: Observation | None, duration: float,
@@ -248,7 +378,7 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
     proxy = None
     try:
         if cell.transport == "tcp":
-            srv = server.start_server(folder / "server", cache_dir)
+            srv = server.start_server(folder / "server", cache_dir, env=LOADPROF_ENV)
         else:
             srv = InProcessRdmaServer(cell.transport, server.dialect, cache_dir, timeouts.idle)
     except (ServerStartError, OSError) as e:
@@ -265,7 +395,8 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
     ctx = CellContext(cell, job.client, server, srv, proxy, folder, cache_dir, timeouts.idle,
                       client_knobs=job.client_knobs,
                       front_port=fault.port if fault else None,
-                      connect=None if proxy else (lambda d: srv.connect(d, timeouts.idle)))
+                      connect=None if proxy else (lambda d: srv.connect(d, timeouts.idle)),
+                      other_server=job.other_server, proxy_timeout=timeouts.deadline + 60)
     obs: Observation | None = None
     failure: list[str] = []
     hang: str | None = None
@@ -314,6 +445,7 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
             fault.stop()
             ctx.notes += [f"delivery {timeouts.deliver}: {line}" for line in fault.log[-50:]]
         final = srv.stop()  # RDMA cells: joins the connection threads, their state is final
+        _stop_fleet(folder, ctx.fleet)
         if server_exit is None and final.returncode not in (None, 0, -15, 143):
             server_exit = final
         transcripts = proxy.stop() if proxy is not None else \
@@ -349,6 +481,19 @@ def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellConte
     if ctx.notes:
         logs.append("== notes\n" + "\n".join(ctx.notes))
     (folder / "client.log").write_text("\n\n".join(logs) + "\n")
+
+
+def _stop_fleet(folder: Path, fleet: list[FleetServer]) -> None:
+    """Stop the servers a scenario started; keep their transcripts and logs beside the cell's."""
+    for n, member in enumerate(fleet, start=2):
+        transcripts = member.proxy.stop() if member.proxy is not None else []
+        member.server.stop()
+        out = folder / f"server{n}"
+        out.mkdir(parents=True, exist_ok=True)
+        for i, tr in enumerate(transcripts):
+            tr.save(out / f"conn{i}.rpct")
+        (out / "server.log").write_text(member.server.log_text())
+        _compact_cache(member.cache_dir)
 
 
 def _compact_cache(cache_dir: Path | None) -> None:
@@ -394,8 +539,10 @@ def plan(matrix: Matrix, cells: list[Cell]) -> list[PlannedCell]:
             c, s = adapter_for_peer(cell.client), adapter_for_peer(cell.server)
             out.append(PlannedCell(cell, predict(c.dialect, s.dialect), c, s))
         else:
+            roles = matrix.designs[cell.design].roles
+            other = roles["new-server" if cell.server_role == "old-server" else "old-server"]
             out.append(PlannedCell(cell, expectation_for(matrix, cell), adapters[cell.client],
-                                   adapters[cell.server], knobs[cell.client]))
+                                   adapters[cell.server], knobs[cell.client], adapters[other]))
     return out
 
 

@@ -15,6 +15,8 @@ import math
 import pandas as pd
 
 from .glyphs import COLOUR, VERDICTS, svg_defs, svg_glyph
+from .load_table import HEADERS as LOAD_HEADERS
+from .load_table import load_rows
 
 SHORT = {"works": "works", "works-degraded": "degraded", "rejected-at-hello": "rejected",
          "failed": "failed"}
@@ -140,6 +142,20 @@ def front_table(d: pd.DataFrame) -> list[str]:
     return out
 
 
+def load_table(d: pd.DataFrame) -> list[str]:
+    """Seed 000's four-way load table from this design's model-load and mixed-fleet cells."""
+    rows = load_rows(d)
+    if not rows:
+        return []
+    head = "".join(f"<th>{esc(h)}</th>" for h in LOAD_HEADERS)
+    body = "".join("<tr>" + "".join(f"<td class='num'>{esc(v)}</td>" if i >= 4 and i < 13
+                                    else f"<td>{esc(v)}</td>" for i, v in enumerate(row))
+                   + "</tr>" for row in rows)
+    return ["<p class='workload'>model load over RPC (llama-simple), per run and server: from "
+            "the wire and the builds' own load profilers</p>"
+            f"<table class='load'><tr>{head}</tr>{body}</table>"]
+
+
 def pivot(d: pd.DataFrame, row_key: str, col_key: str):
     """Columns (first-seen order) and, per row value, its rows and its cells' rows per column
     (None where that pairing has no cell): the shape of every client x server grid."""
@@ -251,7 +267,7 @@ def render(df: pd.DataFrame, title: str, diffs: list[dict] | None = None) -> str
         if design == "releases":
             parts += releases_table(d)
             continue
-        parts += front_table(d) + grid(d) + cell_table(d)
+        parts += front_table(d) + load_table(d) + grid(d) + cell_table(d)
     parts += skipped_list(df)
     if diffs:
         parts += diffs_table(diffs)

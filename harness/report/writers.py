@@ -11,6 +11,7 @@ import pandas as pd
 from . import html_report
 from .glyphs import COLOUR, SYMBOL  # noqa: F401 - re-exported for the job's progress line
 from .html_report import SHORT, text
+from .load_table import markdown_table as load_table_md
 
 
 def frame(rows: list[dict]) -> pd.DataFrame:
@@ -65,6 +66,7 @@ def markdown(df: pd.DataFrame, title: str) -> str:
                     row.append(_cell_text(g) if len(g) else "")
                 out.append("| " + " | ".join(row) + " |")
             out.append("")
+        out += load_table_md(d)
         out.append("| scenario | cache | transport | " + " | ".join(dict.fromkeys(d["pair"])) + " |")
         out.append("|---|---|---" + "|---" * d["pair"].nunique() + "|")
         tcol = "transport" if "transport" in d else "cache"
