@@ -19,10 +19,14 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# p7 first with llama-simple (the end-to-end client), then every other pin; cached builds are instant.
+# p7 first with llama-simple (the end-to-end client), then every other pin, then the two variants
+# tests/test_peers_variants.py runs (a sanitizer and an RDMA build of p7, each its own entry; the
+# RDMA one needs libibverbs-dev). Cached builds are instant.
 peers: $(STAMP)
 	$(BIN)/harness peers build p7 --extra-target llama-simple
 	$(BIN)/harness peers build --all
+	$(BIN)/harness peers build p7 --sanitize address,undefined
+	$(BIN)/harness peers build p7 --rdma
 
 matrix: peers
 	$(BIN)/harness matrix

