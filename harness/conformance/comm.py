@@ -63,6 +63,12 @@ class Pair:
         for s in self.opened:
             s.close()
 
+    def __enter__(self) -> "Pair":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
 
 @dataclass(frozen=True)
 class PairCase:
