@@ -114,6 +114,10 @@ class Context(Protocol):
 
     def model_client_unavailable(self) -> Skip | None: ...
 
+    def second_server_unavailable(self) -> Skip | None: ...
+
+    def second_server(self) -> ServerHandle: ...  # with .port; on 127.0.0.1
+
     def run_model_client(self) -> dict: ...
 
 

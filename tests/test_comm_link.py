@@ -4,6 +4,7 @@ digests), mixed pairs, and the loopback guard that lets a real server open a com
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -22,6 +23,9 @@ from harness.impls import loopback
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import free_port, start_peer_server
 from harness.peer import comm as link
+from harness.peer.server import ReferenceServer
+from harness.peer.server_core import ServerConfig
+from harness.proto import get_dialect
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDING = json.loads((ROOT / "fixtures/vectors/conformance-comm-8.0.0.json").read_text())
@@ -171,3 +175,29 @@ def test_real_server_without_the_shim_is_refused(tmp_path):
     with start_peer_server(_p8(), workdir=tmp_path) as srv:
         with pytest.raises(loopback.NotLoopbackOnly, match="without"):
             loopback.require_loopback_only(srv)
+
+
+@pytest.mark.realpeer
+def test_the_real_client_links_two_reference_servers():
+    """ggml_backend_comm_init of the real 8.0.0 client library: rank 0 gets the port of its
+    endpoint + 1000, and the reference pair answers so that the library makes a communicator."""
+    servers = [ReferenceServer(ServerConfig(get_dialect("8.0.0"), comm_timeout=5.0), serial=True,
+                               out=io.StringIO(), err=io.StringIO()) for _ in range(2)]
+    try:
+        ports = [srv.start()[1] for srv in servers]
+        done = comm.real_client_comm_init(_p8().lib_dir, [f"127.0.0.1:{p}" for p in ports])
+        assert done.stdout.strip().endswith("comm ok"), done.stderr[-2000:]
+        log0, log1 = (srv.err.getvalue() for srv in servers)
+        assert f"rank 0 listening on 127.0.0.1:{ports[0] + 1000}" in log0
+        assert "joined pairwise comm as rank 0" in log0 and "as rank 1" in log1
+    finally:
+        for srv in servers:
+            srv.stop()
+
+
+@pytest.mark.realpeer
+def test_the_real_client_links_two_real_servers():
+    with real_servers(_p8()) as (a, b):
+        done = comm.real_client_comm_init(_p8().lib_dir, [a.endpoint, b.endpoint])
+        assert done.stdout.strip().endswith("comm ok"), done.stderr[-2000:]
+        assert f"0.0.0.0:{a.port + 1000} -> 127.0.0.1:{a.port + 1000}" in a.log_text()

@@ -341,6 +341,34 @@ def real_pair(peer):
     return servers
 
 
+_REAL_CLIENT_INIT = """
+import ctypes as C, sys
+d, eps = sys.argv[1], sys.argv[2:]
+base = C.CDLL(d + "/libggml-base.so", mode=C.RTLD_GLOBAL)
+C.CDLL(d + "/libggml.so", mode=C.RTLD_GLOBAL)
+rpc = C.CDLL(d + "/libggml-rpc.so", mode=C.RTLD_GLOBAL)
+rpc.ggml_backend_rpc_init.restype = C.c_void_p
+rpc.ggml_backend_rpc_init.argtypes = [C.c_char_p, C.c_uint32]
+rpc.ggml_backend_rpc_reg.restype = C.c_void_p
+base.ggml_backend_reg_get_proc_address.restype = C.c_void_p
+base.ggml_backend_reg_get_proc_address.argtypes = [C.c_void_p, C.c_char_p]
+backends = (C.c_void_p * len(eps))(*[rpc.ggml_backend_rpc_init(e.encode(), 0) for e in eps])
+fn = base.ggml_backend_reg_get_proc_address(rpc.ggml_backend_rpc_reg(), b"ggml_backend_comm_init")
+init = C.CFUNCTYPE(C.c_void_p, C.POINTER(C.c_void_p), C.c_size_t)(fn)
+print("comm", "ok" if init(backends, len(eps)) else "null", flush=True)
+"""
+
+
+def real_client_comm_init(lib_dir, endpoints: list[str], timeout: float = 60.0):
+    """The real client library's ``ggml_backend_comm_init`` over RPC backends of
+    ``endpoints`` in a child process (it exits right after, closing the links). Returns the
+    CompletedProcess; stdout ends with ``comm ok`` when the library made a communicator."""
+    import subprocess
+    import sys
+    return subprocess.run([sys.executable, "-c", _REAL_CLIENT_INIT, str(lib_dir), *endpoints],
+                          capture_output=True, text=True, timeout=timeout)
+
+
 def record_comm(peer, dialect: str = "8.0.0", *, observe_wait: float = 0.5) -> dict:
     results = [run_pair_case(c, real_pair(peer), dialect=dialect, observe_wait=observe_wait,
                              free_port=_free_port) for c in PAIR_CASES]

@@ -440,13 +440,15 @@ class Session:
             return m.CommInitResponse(1)
         host = msg.host.split(b"\0", 1)[0].decode("latin-1")
         try:
+            port = msg.port & 0xFFFF  # a sockaddr port is 16 bits [INF]
             if msg.rank == 0:
-                link = PeerLink.listen(msg.port, cfg.comm_timeout)
+                self.state.log(f"[comm_init] rank 0 listening on 127.0.0.1:{port}")
+                link = PeerLink.listen(port, cfg.comm_timeout)
             elif not is_loopback(host):  # network rule: the reference talks to loopback only
                 self.state.log(f"[comm_init] peer {host} is not a loopback address: refused")
                 return m.CommInitResponse(0)
             else:
-                link = PeerLink.connect(host, msg.port, cfg.comm_timeout,
+                link = PeerLink.connect(host, port, cfg.comm_timeout,
                                         cfg.comm_connect_tries, cfg.comm_connect_interval)
         except (LinkError, OSError) as e:
             what = (f"failed to listen on comm port {msg.port}" if msg.rank == 0
