@@ -59,6 +59,11 @@ class Pair:
         self.s[1].request(r1)
         return self.s[0].read_response(r0).ok, self.s[1].read_response(r1).ok
 
+    def free(self) -> None:
+        """COMM_FREE on both servers."""
+        for s in self.s:
+            s.request(m.CommFreeRequest(0))
+
     def close(self) -> None:
         for s in self.opened:
             s.close()
@@ -194,8 +199,7 @@ def _(p: Pair):
            (CLOSED, OPEN))
 def _(p: Pair):
     p.init()
-    for s in p.s:
-        s.request(m.CommFreeRequest(0))
+    p.free()
     alive = [s.still_serving() for s in p.s]
     p.s[0].request(m.CommAllreduceRequest(0, _tensor(p.s[0], _values(4, 1))))
     return {"alive_after_free": alive}, p.s
@@ -205,8 +209,7 @@ def _(p: Pair):
            (OPEN, OPEN))
 def _(p: Pair):
     p.init()
-    for s in p.s:
-        s.request(m.CommFreeRequest(0))
+    p.free()
     return {"ok": list(p.init())}, p.s
 
 

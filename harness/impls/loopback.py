@@ -15,15 +15,13 @@ mapped, which addresses are in LISTEN).
 from __future__ import annotations
 
 import hashlib
-import os
 import socket
-import subprocess
-import tempfile
 from pathlib import Path
 
 from .cache import cache_root
 from .errors import ImplError, PeerUnavailable
-from .supervisor import ServerProcess
+from .model_client import compile_shared_object
+from .supervisor import ServerProcess, _socket_inodes_of
 
 SHIM_SOURCE = Path(__file__).with_name("loopback_bind.c")
 SHIM_NAME = "libloopback_bind.so"
@@ -42,19 +40,8 @@ def ensure_loopback_shim(*, out_dir: Path | str | None = None, cc: str = "cc",
     out = d / SHIM_NAME
     if out.exists():
         return out
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-Wall", "-Werror", "-o", tmp, str(SHIM_SOURCE), "-ldl"]
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-        if r.returncode != 0:
-            raise ImplError(f"loopback shim compile failed ({' '.join(cmd)}):\n{r.stderr.strip()}")
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out
+    return compile_shared_object(cc, ["-O2", "-shared", "-fPIC", "-Wall", "-Werror",
+                                      str(SHIM_SOURCE), "-ldl"], out, timeout)
 
 
 def preload_env(env: dict[str, str], shim: Path) -> dict[str, str]:
@@ -97,18 +84,10 @@ def _hex_addr(field: str) -> str:
 
 def listeners_of(pid: int) -> list[tuple[str, int]]:
     """(address, port) of every TCP socket process ``pid`` has in LISTEN, IPv4 and IPv6."""
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError as e:
-        raise NotLoopbackOnly(f"cannot read the sockets of pid {pid}: {e}") from None
-    inodes = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
+    inodes = _socket_inodes_of(pid)
+    if inodes is None:
+        raise NotLoopbackOnly(f"cannot read the sockets of pid {pid}")
+    inodes = {str(i) for i in inodes}
     out = []
     for table in ("tcp", "tcp6"):
         try:
