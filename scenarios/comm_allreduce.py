@@ -92,7 +92,8 @@ class CommAllreduce(Scenario):
             rank0.comm_allreduce(t0)
             rank1.comm_allreduce(t1)
             got0, got1 = _download(rank0, t0, n), _download(rank1, t1, n)
-            c0, c1 = _sum_check(name, got0, _expected(x, y)), _sum_check(name, got1, _expected(y, x))
+            c0 = _sum_check(name, got0, _expected(x, y))
+            c1 = _sum_check(name, got1, _expected(y, x))
             checks.append(Check(name, c0.ok and c1.ok,
                                 "; ".join(f"rank {r}: {c.evidence}" for r, c in ((0, c0), (1, c1))
                                           if not c.ok)))
