@@ -124,6 +124,10 @@ class Context(Protocol):
 
     def start_other_server(self) -> Any: ...
 
+    def second_server_unavailable(self) -> Skip | None: ...
+
+    def second_server(self) -> ServerHandle: ...  # with .port; on 127.0.0.1
+
 
 class Scenario:
     """Base class: subclasses set the metadata, implement ``run`` and register with

@@ -1,6 +1,8 @@
 """Record what a real server does with every conformance case of a dialect.
 
-usage: python -m harness.conformance.record --peer p8 --dialect 8.0.0 [--out FILE]
+usage: python -m harness.conformance.record --peer p8 --dialect 8.0.0 [--comm] [--out FILE]
+
+``--comm`` records the two-server COMM_* cases (harness.conformance.comm) instead.
 
 The recording is the evidence the cases' expectations are checked against
 (tests/test_conformance_8.py): re-record after a new pin, then review the diff.
@@ -39,9 +41,15 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--peer", required=True)
     ap.add_argument("--dialect", required=True)
+    ap.add_argument("--comm", action="store_true", help="the two-server COMM_* cases")
     ap.add_argument("--out")
     args = ap.parse_args(argv)
-    text = json.dumps(record(args.peer, args.dialect), indent=1, sort_keys=True) + "\n"
+    if args.comm:
+        from .comm import record_comm
+        recording = record_comm(get_peer(args.peer), args.dialect)
+    else:
+        recording = record(args.peer, args.dialect)
+    text = json.dumps(recording, indent=1, sort_keys=True) + "\n"
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)

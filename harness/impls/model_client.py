@@ -208,15 +208,22 @@ def ensure_shim(bin_dir: str | os.PathLike, include_dirs=(), *, out_dir=None,
     out = d / SHIM_NAME
     if out.exists():
         return out
-    d.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".so.tmp")
-    os.close(fd)
-    cmd = [cc, "-O2", "-shared", "-fPIC", "-o", tmp, str(SHIM_SOURCE)]
+    args = ["-O2", "-shared", "-fPIC", str(SHIM_SOURCE)]
     if include_dirs:
-        cmd += ["-DRPC_PRELOAD_USE_HEADERS"] + [f"-I{p}" for p in include_dirs]
+        args += ["-DRPC_PRELOAD_USE_HEADERS"] + [f"-I{p}" for p in include_dirs]
     # Link the build's own libraries (their constructors then run before the shim's) and find
     # them at run time in that bin dir, the same files the tool itself loads.
-    cmd += [str(p) for p in libs] + [f"-Wl,-rpath,{bin_dir}"]
+    args += [str(p) for p in libs] + [f"-Wl,-rpath,{bin_dir}"]
+    return compile_shared_object(cc, args, out, timeout)
+
+
+def compile_shared_object(cc: str, args: list[str], out: Path, timeout: float) -> Path:
+    """``cc args -o out``, written atomically (a concurrent user never sees half a file).
+    Raises RuntimeError with the compiler's output on failure."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, suffix=".so.tmp")
+    os.close(fd)
+    cmd = [cc, *args, "-o", tmp]
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:

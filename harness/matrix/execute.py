@@ -89,6 +89,7 @@ class CellContext:
     other_server: Adapter | None = None  # the design's other server role
     fleet: list[FleetServer] = field(default_factory=list)  # servers a scenario started
     proxy_timeout: float = 600.0
+    extra_servers: list = field(default_factory=list)  # second_server(): stopped with the cell
     # the labels scenarios read (harness.scenario.Context), from the two adapters
     client_dialect: str = field(init=False)
     server_dialect: str = field(init=False)
@@ -159,6 +160,34 @@ class CellContext:
 
     def log(self, message: str) -> None:
         self.notes.append(message)
+
+    # -- a second server of the cell's server implementation (two-server scenarios)
+    def second_server_unavailable(self) -> Skip | None:
+        if self.proxy is None:
+            return Skip(f"the second server runs over TCP only, not {self.cell.transport}")
+        if self.server_kind == "docker":
+            return Skip("a second server needs loopback_bind preloaded, not possible in an image")
+        return None
+
+    def second_server(self) -> ServerProcess:
+        """Another server of the cell's server implementation, on 127.0.0.1, stopped with the
+        cell; a real one runs with loopback_bind and is checked to listen on loopback only."""
+        from ..impls.loopback import require_loopback_only, start_loopback_peer_server
+        workdir = self.workdir / f"server{len(self.extra_servers) + 2}"
+        if self.server_kind == "ref":
+            srv = self.server_adapter.start_server(workdir, None)
+        else:
+            workdir.mkdir(parents=True, exist_ok=True)
+            srv = start_loopback_peer_server(self.server_adapter.peer(), workdir=workdir)
+        self.extra_servers.append(srv)
+        if self.server_kind != "ref":
+            require_loopback_only(srv)
+        return srv
+
+    def stop_second_servers(self) -> None:
+        for srv in self.extra_servers:
+            (self.workdir / f"{srv.name}-{srv.port}.log").write_text(srv.log_text())
+            srv.stop()
 
     def kill_clients(self) -> None:
         for c in self.clients:
@@ -441,6 +470,7 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
             obs.misconfigured = wire_label_mismatch(ctx, scenario)
     finally:
         ctx.kill_clients()
+        ctx.stop_second_servers()
         if fault is not None:
             fault.stop()
             ctx.notes += [f"delivery {timeouts.deliver}: {line}" for line in fault.log[-50:]]

@@ -305,6 +305,24 @@ class RefClient:
     def graph_recompute(self, device: int = 0, uid: int = 0) -> None:
         self._post(m.GraphRecomputeRequest(device, uid if self.dialect.graph_uid else 0))
 
+    def send_comm_init(self, rank: int, world: int, port: int, host: str = "127.0.0.1",
+                       device: int = 0) -> None:
+        """COMM_INIT, sent only: a rank-0 server answers once its peer has connected, so every
+        rank's init goes out before any answer is read (comm_init_result)."""
+        self._send(m.CommInitRequest(device, rank, world, port, host.encode().ljust(64, b"\0")))
+
+    def comm_init_result(self) -> bool:
+        ev = self._response()
+        if not isinstance(ev, Response):
+            raise RemoteProtocolError(f"expected the COMM_INIT answer, got {ev!r}")
+        return bool(ev.message.ok)
+
+    def comm_allreduce(self, tensor: RpcTensor, device: int = 0) -> None:
+        self._post(m.CommAllreduceRequest(device, tensor))
+
+    def comm_free(self, device: int = 0) -> None:
+        self._post(m.CommFreeRequest(device))
+
     def raw(self, frame: bytes, *, expect_response_of: m.Message | None = None):
         """Send bytes as they are (fuzzing, misbehaviour); optionally read one response."""
         self.tr.sendall(frame)

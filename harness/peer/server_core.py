@@ -19,6 +19,7 @@ from ..proto.constants import SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import Dialect
 from ..proto.tensor import U64, RpcTensor, nbytes
 from .cache import CacheWriter, HashCache
+from .comm import LinkError, PeerLink, is_loopback
 from .compute import ServerTensor, UnsupportedGraph, execute, supports_op
 from .errors import PeerError
 from .knobs import Misbehaviour
@@ -45,6 +46,11 @@ class ServerConfig:
     max_payload: int = 256 << 20  # whole (non-streamed) payloads, i.e. GRAPH_COMPUTE
     max_graph_tensors: int = 1 << 16
     knobs: Misbehaviour = field(default_factory=Misbehaviour)
+    # Server-to-server link (COMM_*): the real server waits without end; the reference gives
+    # up after this many seconds on any accept / peer read, and tries rank 0 this often.
+    comm_timeout: float = 30.0
+    comm_connect_tries: int = 100
+    comm_connect_interval: float = 0.05
 
 
 class ServerState:
@@ -104,9 +110,13 @@ class Session:
         self.cache_hits = 0
         self.cache_saves: list[str] = []
         self.local_conn_caps: bytes | None = None  # set by the server loop from its transport
+        self.comms: dict[int, PeerLink] = {}  # device -> link; the real build drops it at close
 
     def close(self) -> None:
-        """Disconnect: every buffer of this connection is freed (spec 8)."""
+        """Disconnect: every buffer and communicator of this connection is freed (spec 8)."""
+        for link in self.comms.values():
+            link.close()
+        self.comms.clear()
         for buf in self.buffers.values():
             self.state.pool.release(buf)
         self.buffers.clear()
@@ -421,16 +431,50 @@ class Session:
             bytes(buf.view(start + i * msg.stride, msg.size)) for i in range(msg.n_copies)))
 
     def _comm_init(self, msg):
-        self._device(msg.device, Cmd.COMM_INIT)
-        # Server-to-server links open ports on 0.0.0.0 (spec 15.15); the reference declines.
-        self.state.log("[comm_init] pairwise communication is not offered by the reference server")
-        return m.CommInitResponse(0)
+        """Answers 0 for a bad device, world or rank and for a failed link, 1 when linked or
+        already linked (p8: no close, no second listen); blocks until the peer arrives."""
+        cfg = self.state.config
+        if msg.device >= cfg.devices or msg.world != 2 or msg.rank >= msg.world:
+            return m.CommInitResponse(0)
+        if msg.device in self.comms:
+            return m.CommInitResponse(1)
+        host = msg.host.split(b"\0", 1)[0].decode("latin-1")
+        try:
+            port = msg.port & 0xFFFF  # a sockaddr port is 16 bits [INF]
+            if msg.rank == 0:
+                self.state.log(f"[comm_init] rank 0 listening on 127.0.0.1:{port}")
+                link = PeerLink.listen(port, cfg.comm_timeout)
+            elif not is_loopback(host):  # network rule: the reference talks to loopback only
+                self.state.log(f"[comm_init] peer {host} is not a loopback address: refused")
+                return m.CommInitResponse(0)
+            else:
+                link = PeerLink.connect(host, port, cfg.comm_timeout,
+                                        cfg.comm_connect_tries, cfg.comm_connect_interval)
+        except (LinkError, OSError) as e:
+            what = (f"failed to listen on comm port {msg.port}" if msg.rank == 0
+                    else f"failed to connect to peer {host}:{msg.port}")
+            self.state.log(f"[comm_init] {what}: {e}")
+            return m.CommInitResponse(0)
+        self.comms[msg.device] = link
+        self.state.log(f"[comm_init] device {msg.device} joined pairwise comm as rank {msg.rank}")
+        return m.CommInitResponse(1)
 
     def _comm_allreduce(self, msg):
-        raise Close("[comm_allreduce] no communicator initialised", Cmd.COMM_ALLREDUCE.value)
+        link = self.comms.get(msg.device)
+        if link is None:
+            raise Close(f"[comm_allreduce] no communicator for device {msg.device}",
+                        Cmd.COMM_ALLREDUCE.value)
+        t = self._live_tensor(msg.tensor, Cmd.COMM_ALLREDUCE)
+        try:
+            link.allreduce(t.rec, t.buffer.view(t.rec.data, nbytes(t.rec)))
+        except LinkError as e:
+            raise Close(f"[comm_allreduce] {e}", Cmd.COMM_ALLREDUCE.value) from None
 
     def _comm_free(self, msg):
         self._device(msg.device, Cmd.COMM_FREE)
+        link = self.comms.pop(msg.device, None)
+        if link is not None:
+            link.close()
 
 
 _HANDLERS = {

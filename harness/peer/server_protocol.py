@@ -2,10 +2,11 @@
 
 :class:`ServerProtocol` runs the sans-IO ``ServerConnection`` for framing and
 ``server_core.Session`` for semantics, plus the dialect's receive policy and the server's
-misbehaviours. It never blocks, never raises for what the client sent (a rule that makes the
-server close is recorded as ``close_reason``) and never holds a SET_TENSOR payload whole: the
-payload goes straight into the destination buffer, and a driver that owns a socket may
-receive it there itself (:meth:`payload_view` / :meth:`payload_received`).
+misbehaviours. It never blocks (but in COMM_INIT / COMM_ALLREDUCE, which wait on the peer
+server, each wait with a deadline: harness.peer.comm), never raises for what the client sent (a
+rule that makes the server close is recorded as ``close_reason``) and never holds a SET_TENSOR
+payload whole: the payload goes straight into the destination buffer, and a driver that owns a
+socket may receive it there itself (:meth:`payload_view` / :meth:`payload_received`).
 
 Drivers: ``ReferenceServer.serve_transport`` (any Transport, one thread per connection) and
 ``harness.peer.pair.ConnectionPair`` (the reference client in the same thread, bytes in
