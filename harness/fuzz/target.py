@@ -35,10 +35,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from ..impls.driver import ExitInfo
+from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
     start_reference_server
-from ..proto import dialect_for_version, get_dialect
+from ..proto import Cmd, dialect_for_version, get_dialect
 from ..peer.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
@@ -338,6 +339,12 @@ class Target:
         self.rss_first = self.rss_last = None
         if self.dialect is None:
             self.dialect = self._probe_dialect()
+        if self.spec.kind == "docker" and get_dialect(self.dialect).has(Cmd.COMM_INIT):
+            # a host-network container cannot take the loopback bind shim; a fuzzed COMM_INIT
+            # would make the server listen on every interface
+            self.stop()
+            raise TargetError(f"{self.spec.name}: a {self.dialect} server in a container cannot "
+                              "be fuzzed (COMM_INIT would listen beyond loopback); fuzz the pin")
         if self.standby and self.starts > 1 and self._spare is None:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="target-standby")
@@ -387,18 +394,23 @@ class Target:
                                           extra_args=["--serial", "--memory", REFERENCE_MEMORY]
                                           + [a for k in spec.knobs for a in ("--knob", k)],
                                           ready_timeout=self.ready_timeout)
+        # Real servers run with the loopback bind shim: a fuzzed COMM_INIT (8.0.0+) makes a
+        # real server listen on 0.0.0.0, which must stay 127.0.0.1 (spec 15.15).
+        loopback = ensure_loopback_shim()
         if spec.kind == "peer":
             peer = get_peer(spec.peer or spec.name)
-            if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no shim
+            if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no fault shim
                 return start_peer_server(peer, workdir=workdir, host=self.host,
-                                         ready_timeout=self.ready_timeout)
+                                         ready_timeout=self.ready_timeout,
+                                         env={"LD_PRELOAD": str(loopback)})
             if not peer.available:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
             argv, env = peer.server_cmd(self.host, 0, None, 1)
-            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0],
-                                       with_shim(env, _server_binary(argv)), name=peer.name, host=self.host,
-                                       workdir=workdir, ready_timeout=self.ready_timeout)
+            env = preload_env(with_shim(env, _server_binary(argv)), loopback)
+            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0], env,
+                                       name=peer.name, host=self.host, workdir=workdir,
+                                       ready_timeout=self.ready_timeout)
         if spec.kind == "docker":
             from ..impls.docker_adapter import DockerServer
             from ..impls.docker_image import build_pin_image
@@ -418,7 +430,7 @@ class Target:
                                                        "{port}", "-t", "1"]
         env = dict(os.environ, GGML_NO_BACKTRACE="1")
         env = with_shim(env, spec.binary) if self.fault_shim else env
-        return ServerProcess.start(argv, env,
+        return ServerProcess.start(argv, preload_env(env, loopback),
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=workdir, ready_timeout=self.ready_timeout)
 
