@@ -462,11 +462,10 @@ def decode(file: str = typer.Argument(..., help="A .pcap/.pcapng capture or a .r
 
 @app.command()
 def fuzz(
-    target: str = typer.Option(..., "--target", help="p7 / any peer of `harness peers list`, "
-                               "ref[-DIALECT] (the reference server), a server path, "
-                               "docker:IMAGE or docker:PIN (a server container), or "
-                               "client:PEER (the peer's real client facing a malicious "
-                               "reference server)."),
+    target: Optional[str] = typer.Option(
+        None, "--target", help="p7 / any peer of `harness peers list`, ref[-DIALECT] (the "
+        "reference server), a server path, docker:IMAGE or docker:PIN (a server container), or "
+        "client:PEER (the peer's real client facing a malicious reference server)."),
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Dialect to speak (default: "
                                           "the target's)."),
     duration: str = typer.Option("10m", "--duration", help="e.g. 90s, 10m, 1h."),
@@ -486,6 +485,17 @@ def fuzz(
     fail_on_findings: bool = typer.Option(False, "--fail-on-findings", help="Exit 1 if anything "
                                           "was found (for CI gating a server that must be "
                                           "clean, like the reference one)."),
+    shard: str = typer.Option("1/1", "--shard", help="I/N: this job is shard I of N of one "
+                              "campaign (disjoint seeds and corpus share; merge the shards' "
+                              "folders with `harness fuzz-merge`)."),
+    differential: Optional[tuple[str, str]] = typer.Option(
+        None, "--differential", help="A B: run the same sessions against two server targets "
+        "and report every divergence (instead of --target)."),
+    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list file (YAML) of "
+                                         "intended differences for --differential."),
+    min_messages: int = typer.Option(100, "--min-messages", help="Exit 2 if fewer messages "
+                                     "were exchanged (or a worker's target never listened): "
+                                     "a campaign that tested nothing is not a pass."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -495,22 +505,41 @@ def fuzz(
                                   rss_limit=parse_size(rss_limit), as_limit=parse_size(as_limit),
                                   corpus=corpus, shrink_seconds=shrink_seconds,
                                   max_steps=max_steps, keep_work=keep_work,
-                                  fail_on_findings=fail_on_findings))
+                                  fail_on_findings=fail_on_findings,
+                                  min_messages=min_messages, shard=shard,
+                                  differential=differential, allow=allow))
 
 
 @app.command()
 def replay(
     file: Path = typer.Argument(..., help="A finding: its folder, repro.rpct or finding.json."),
-    target: str = typer.Option(..., "--target", help="Peer, ref[-DIALECT], server path or "
-                               "client:PEER."),
+    target: Optional[str] = typer.Option(None, "--target", help="Peer, ref[-DIALECT], server "
+                                         "path or client:PEER."),
     dialect: Optional[str] = typer.Option(None, "--dialect", help="Override the saved dialect."),
     deadline: float = typer.Option(5.0, "--deadline", help="Seconds before no answer is a hang."),
+    differential: Optional[tuple[str, str]] = typer.Option(
+        None, "--differential", help="A B: replay a divergence against both (instead of "
+        "--target)."),
+    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list for --differential."),
 ):
     """Replay a saved finding against a fresh target. Exit 1 if it reproduces, 0 if not."""
     from .fuzz.cli import replay_command
 
     raise typer.Exit(replay_command(console, file, target=target, dialect=dialect,
-                                    deadline=deadline))
+                                    deadline=deadline, differential=differential, allow=allow))
+
+
+@app.command("fuzz-merge")
+def fuzz_merge(
+    out: Path = typer.Option(..., "--out", help="The merged campaign folder."),
+    folders: list[Path] = typer.Argument(..., help="Campaign folders (e.g. the shards of one "
+                                         "`--shard I/N` campaign)."),
+):
+    """Merge campaign folders: one corpus (minimised by behaviour), one reproducer per
+    signature, one report."""
+    from .fuzz.cli import merge_command
+
+    raise typer.Exit(merge_command(console, out, folders))
 
 
 @app.command()

@@ -159,7 +159,7 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
     from harness.fuzz.faultinfo import shim_path
     from harness.fuzz.runner import CaseRunner
-    from harness.fuzz.strategies import _deep_chain
+    from harness.fuzz.strategies.graphs import _deep_chain
     from harness.fuzz.target import Target, TargetSpec
     from harness.proto import RpcTensor, get_dialect, ggml, pack_request
     from harness.proto import messages as m

@@ -6,25 +6,44 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .report import DEFAULT_MIN_MESSAGES, campaign_problems
 from .target import TargetError
 
 CLIENT_PREFIX = "client:"
 
 
-def fuzz_command(console: Console, *, target: str, dialect: str | None, duration: str,
+def fuzz_command(console: Console, *, target: str | None, dialect: str | None, duration: str,
                  seed: int | None, workers: int, out: Path | None, deadline: float,
                  rss_limit: int, as_limit: int, corpus: Path | None, shrink_seconds: float,
-                 max_steps: int, keep_work: bool, fail_on_findings: bool = False) -> int:
+                 max_steps: int, keep_work: bool, fail_on_findings: bool = False,
+                 min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
+                 differential: tuple[str, str] | None = None, allow: Path | None = None) -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
-    unless ``fail_on_findings`` (then 1 if anything was found)."""
+    unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
+    test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
     from .display import LiveProgress, parse_duration
+
+    from .campaign import parse_shard
 
     try:
         seconds = parse_duration(duration)
+        shard_of = parse_shard(shard)
     except ValueError as e:
         console.print(f"[red]{e}")
         return 2
-    if target.startswith(CLIENT_PREFIX):
+    if (target is None) == (differential is None):
+        console.print("[red]give either --target or --differential A B")
+        return 2
+    if differential is not None:
+        from .differential import DifferentialConfig, run_differential
+        cfg = DifferentialConfig(a=differential[0], b=differential[1], dialect=dialect,
+                                 duration=seconds, seed=seed, out=out, deadline=deadline,
+                                 rss_limit=rss_limit, as_limit=as_limit,
+                                 shrink_seconds=shrink_seconds, max_steps=max_steps,
+                                 allow=allow, min_messages=min_messages, keep_work=keep_work)
+        runner = run_differential
+        target = f"{differential[0]} vs {differential[1]}"
+    elif target.startswith(CLIENT_PREFIX):
         from .client import ClientCampaignConfig, run_client_campaign
         cfg = ClientCampaignConfig(peer=target[len(CLIENT_PREFIX):], duration=seconds, seed=seed,
                                    out=out, step_timeout=max(deadline, 5.0))
@@ -34,22 +53,35 @@ def fuzz_command(console: Console, *, target: str, dialect: str | None, duration
         cfg = CampaignConfig(target=target, dialect=dialect, duration=seconds, seed=seed,
                              workers=workers, out=out, deadline=deadline, rss_limit=rss_limit,
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
-                             max_steps=max_steps, keep_work=keep_work)
+                             max_steps=max_steps, keep_work=keep_work,
+                             min_messages=min_messages, shard=shard_of)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:
             folder, report = runner(cfg, on_progress=live.update)
-    except TargetError as e:
+    except (TargetError, ValueError) as e:
         console.print(f"[red]{e}")
         return 2
     console.print((folder / "report.md").read_text(), markup=False, highlight=False,
                   soft_wrap=True)
     console.print(f"report: {folder}/report.md", highlight=False, soft_wrap=True)
+    problems = campaign_problems(report, min_messages)
+    if problems:
+        for p in problems:
+            console.print(f"[red]{p}", highlight=False, soft_wrap=True)
+        return 2
     return 1 if fail_on_findings and not report.get("nothing_found") else 0
 
 
-def replay_command(console: Console, file: Path, *, target: str, dialect: str | None,
-                   deadline: float) -> int:
+def replay_command(console: Console, file: Path, *, target: str | None, dialect: str | None,
+                   deadline: float, differential: tuple[str, str] | None = None,
+                   allow: Path | None = None) -> int:
+    if (target is None) == (differential is None):
+        console.print("[red]give either --target or --differential A B")
+        return 2
+    if differential is not None:
+        return _replay_differential(console, file, differential, dialect=dialect,
+                                    deadline=deadline, allow=allow)
     try:
         if target.startswith(CLIENT_PREFIX):
             from .client import replay_client_finding
@@ -62,3 +94,39 @@ def replay_command(console: Console, file: Path, *, target: str, dialect: str | 
         return 2
     console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
     return 1 if result.reproduced else 0
+
+
+def merge_command(console: Console, out: Path, folders: list[Path]) -> int:
+    from .merge import MergeError, merge_campaigns
+
+    try:
+        report = merge_campaigns(out, folders)
+    except MergeError as e:
+        console.print(f"[red]{e}", highlight=False)
+        return 2
+    kept = report["corpus_merged"]
+    console.print(f"merged {len(folders)} campaign(s): {report['messages_sent']:,} messages, "
+                  f"{report['distinct_signatures']} signature(s), corpus {kept['entries_kept']} "
+                  f"of {kept['entries_read']} entries ({kept['features']} behaviours)",
+                  highlight=False)
+    if report["shards_missing"]:
+        console.print(f"[red]shards missing: {report['shards_missing']}", highlight=False)
+    console.print(f"report: {out}/report.md", highlight=False, soft_wrap=True)
+    return 1 if report["shards_missing"] else 0
+
+
+def _replay_differential(console: Console, file: Path, pair: tuple[str, str], *,
+                         dialect: str | None, deadline: float, allow: Path | None) -> int:
+    from .differential import replay_differential
+
+    try:
+        div = replay_differential(file, *pair, dialect=dialect, deadline=deadline, allow=allow)
+    except (TargetError, OSError, ValueError, KeyError) as e:
+        console.print(f"[red]cannot replay {file}: {e}", highlight=False)
+        return 2
+    if div is None:
+        console.print(f"{pair[0]} and {pair[1]} agree: not reproduced", highlight=False)
+        return 0
+    console.print(f"{div.signature.title()}\n{div.detail}\nREPRODUCED", markup=False,
+                  highlight=False, soft_wrap=True)
+    return 1

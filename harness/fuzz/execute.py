@@ -33,6 +33,13 @@ REFUSED = "refused"  # could not even connect
 
 S2C_KEEP = 64 << 10  # response bytes kept for the transcript of a finding
 _SCRATCH = 1 << 16
+_SMALL_ANSWER = 32  # answers up to this size are read whole (values, not tensor data)
+
+
+def _bucket(value: int) -> str:
+    if value <= 1:
+        return str(value)
+    return "small" if value < 1 << 16 else "large"
 
 
 @dataclass
@@ -50,6 +57,9 @@ class Outcome:
     log: list[tuple[str, float, bytes]] | None = None
     server_close: str | None = None
     elapsed: float = 0.0
+    # Answer shapes seen: (command, payload size, value bucket), the "new behaviour" signal of
+    # the evolving corpus (an allocation that failed, a hash hit, a copy refused...).
+    shapes: set = field(default_factory=set)
 
     def window(self, n_steps: int) -> tuple[int, int]:
         """Steps (first, last inclusive) that may have caused what was observed: after the
@@ -205,16 +215,16 @@ class Executor:
         if n != size:
             raise _Ended(PROTOCOL, f"{s.cmd} answered with a {n}-byte payload, the spec says "
                                    f"{size}")
-        if s.learn is not None and n == 8:
-            kind, index = s.learn
-            value = _U64.unpack_from(self._read_exact(sock, 8, out, "payload"))[0]
-            out.live[kind][index] = value
+        if n <= _SMALL_ANSWER:
+            payload = self._read_exact(sock, n, out, "payload")
+            # The first u64 (ALLOC_BUFFER: remote_ptr, BUFFER_GET_BASE: base, results...).
+            value = int.from_bytes(payload[:8], "little") if n else 0
+            if s.learn is not None and n in (8, 16):
+                kind, index = s.learn
+                out.live[kind][index] = value
+            out.shapes.add((s.cmd, n, _bucket(value)))
             return
-        if s.learn is not None and n == 16:  # ALLOC_BUFFER: remote_ptr, remote_size
-            kind, index = s.learn
-            value = _U64.unpack_from(self._read_exact(sock, 16, out, "payload"))[0]
-            out.live[kind][index] = value
-            return
+        out.shapes.add((s.cmd, -1, "data"))
         left = n
         while left:  # discard (GET_TENSOR data can be large); bounded by the deadline
             left -= self._recv_into(sock, self._view[:min(left, _SCRATCH)], out, "payload")

@@ -365,21 +365,27 @@ def _messages(dialect: str, cmd: Cmd, regions: tuple) -> st.SearchStrategy:
 
 # ---------------------------------------------------------------- mutations
 
+def _in_body(op: rst.MutationOp, cmd) -> bool:
+    """Request-side operators that make sense after HELLO (not the first-frame-only ones)."""
+    return op.direction == "request" and not op.opening
+
+
+def _opener(op: rst.MutationOp, cmd) -> bool:
+    return op.direction == "request" and op.opening
+
+
 @lru_cache(maxsize=4096)
 def _body_mutations(dialect: str, regions: tuple, local_only: bool = False,
                     ) -> st.SearchStrategy[rst.Mutation]:
-    """Request-side mutations placed after HELLO, relative to ``regions`` (sentinels).
+    """Request-side mutations placed after HELLO, relative to ``regions`` (sentinels): every
+    registered operator of every kind that applies there.
 
     ``local_only`` drops well-formed COMM_INIT requests: a real 8.0.0+ server acts on them by
     listening on 0.0.0.0 or connecting out to the host named in the request (spec 12.2),
     which a fuzzer must not make it do on somebody's network.
     """
     d = get_dialect(dialect)
-    buffers = regions or None
-    parts = [rst.framing_mutations(d, buffers=buffers), rst.field_mutations(d, buffers=buffers)]
-    if d.cache_flag:
-        parts.append(rst.flag_mutations(d, what="cache_flag", buffers=buffers))
-    both = st.one_of(parts)
+    both = rst.mutations(d, buffers=regions or None, where=_in_body)
     if local_only and d.has(Cmd.COMM_INIT):
         return both.filter(_not_comm_init)
     return both
@@ -397,13 +403,13 @@ def _not_comm_init(mut: rst.Mutation) -> bool:
 
 @lru_cache(maxsize=None)
 def _opening_mutations(dialect: str) -> st.SearchStrategy[rst.Mutation]:
-    """Mutations that replace the connection's first frame (HELLO length, HELLO missing,
-    the client's conn_caps)."""
+    """Mutations that replace the connection's first frame (HELLO framing, HELLO missing,
+    operators registered as ``opening``, e.g. the client's conn_caps)."""
     d = get_dialect(dialect)
     parts = [rst.framing_mutations(d, cmd=Cmd.HELLO),
              rst.framing_mutations(d, cmd=Cmd.GET_ALIGNMENT, what="hello_missing")]
-    if d.hello_caps:
-        parts.append(rst.flag_mutations(d, what="client_conn_caps"))
+    if any(rst.candidates(d, kind, where=_opener) for kind in rst.MUTATION_KINDS):
+        parts.append(rst.mutations(d, where=_opener))
     return st.one_of(parts)
 
 
@@ -430,7 +436,7 @@ def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
     if opening:
         mut = draw(_opening_mutations(d.name))
         steps.append(_mutation_step(mut))
-        if mut.description["what"] != "client_conn_caps":
+        if not _opener(rst.MUTATIONS[(mut.description["kind"], mut.description["what"])], None):
             # The server must refuse this connection: nothing after it would be read.
             steps.append(step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value))
             return annotate(d, tuple(steps), meta={"mutations": [mut.description]})

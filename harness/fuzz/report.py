@@ -15,7 +15,6 @@ from pathlib import Path
 
 from . import strategies as rst
 
-_CLIENT_ONLY = {"hello_flags", "server_conn_caps"}  # response-side flag mutations
 
 
 def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
@@ -35,34 +34,86 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
     rss_trend = {str(i): {"first": w.get("rss_first"), "last": w.get("rss_last"),
                           "target_starts": w.get("target_starts")}
                  for i, w in sorted(progress.workers.items())}
-    report = {
-        "format": "ggml-rpc-fuzz-report/1",
-        "target": cfg.target, "target_kind": spec.kind, "dialect": dialect,
-        "seed": cfg.seed, "workers": cfg.workers, "duration_s": cfg.duration,
-        "elapsed_s": round(elapsed, 1), "interrupted": interrupted,
-        "messages_sent": frames, "messages_per_s": round(frames / elapsed, 1),
-        "bytes_sent": progress.total("bytes"), "cases": cases,
-        "cases_per_s": round(cases / elapsed, 1), "restarts": progress.total("restarts"),
-        "shrink_attempts": progress.total("shrink_attempts"),
-        "verdicts": progress.total("verdicts"), "duplicates": progress.total("duplicates"),
-        "unconfirmed": progress.total("unconfirmed"),
-        "statuses": dict(progress.merged("statuses")),
-        "rss_peak_bytes": rss_peak, "rss_limit_bytes": cfg.rss_limit, "rss_trend": rss_trend,
-        "deadline_s": cfg.deadline, "as_limit_bytes": cfg.as_limit,
-        "findings": findings, "distinct_signatures": len(findings),
-        "coverage": coverage_summary(dialect, coverage),
-        "errors": [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors],
-        "config": cfg.to_json(),
-    }
-    report["nothing_found"] = not findings and not progress.errors
+    totals = {"messages_sent": frames, "bytes_sent": progress.total("bytes"), "cases": cases,
+              "generated_cases": progress.total("generated"),
+              "evolved_cases": progress.total("evolved"), "restarts": progress.total("restarts"),
+              "shrink_attempts": progress.total("shrink_attempts"),
+              "verdicts": progress.total("verdicts"), "duplicates": progress.total("duplicates"),
+              "unconfirmed": progress.total("unconfirmed"), "workers": cfg.workers}
+    template = {"target": cfg.target, "target_kind": spec.kind, "dialect": dialect,
+                "rss_limit_bytes": cfg.rss_limit, "deadline_s": cfg.deadline,
+                "as_limit_bytes": cfg.as_limit, "config": cfg.to_json()}
+    errors = [{k: v for k, v in e.items() if k != "traceback"} for e in progress.errors]
+    report = build_report_from_parts(
+        template, totals=totals, elapsed=elapsed, coverage=coverage,
+        statuses=dict(progress.merged("statuses")), timing=dict(progress.merged("timing")),
+        findings=findings, errors=errors, rss_peak=rss_peak,
+        extra={"seed": cfg.seed, "duration_s": cfg.duration, "interrupted": interrupted,
+               "rss_trend": rss_trend,
+               "behaviours": sum(w.get("behaviours", 0) for w in progress.workers.values()),
+               "corpus_entries": sum(w.get("corpus", 0) for w in progress.workers.values()),
+               "shard": list(cfg.shard),
+               "workers_never_listened": [i for i in range(cfg.workers) if not
+                                          progress.workers.get(i, {}).get("target_starts")]})
+    report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
 
 
+def build_report_from_parts(template: dict, *, totals: dict, elapsed: float, coverage: Counter,
+                            statuses: dict, timing: dict, findings: list, errors: list,
+                            rss_peak: int, extra: dict) -> dict:
+    """A report from its counts (one campaign's workers, or several campaigns merged):
+    ``template`` gives target, dialect and limits; rates and coverage are computed here."""
+    elapsed = max(elapsed, 1e-9)
+    report = {"format": "ggml-rpc-fuzz-report/1", "interrupted": False, "rss_trend": {},
+              **template, **totals,
+              "elapsed_s": round(elapsed, 1),
+              "messages_per_s": round(totals["messages_sent"] / elapsed, 1),
+              "cases_per_s": round(totals["cases"] / elapsed, 1),
+              "statuses": statuses, "rss_peak_bytes": rss_peak,
+              "findings": findings, "distinct_signatures": len(findings),
+              "coverage": coverage_summary(template["dialect"], coverage),
+              "coverage_counts": dict(coverage),  # raw, so shard reports can be merged
+              "timing_s": {k: round(v, 1) for k, v in sorted(timing.items())},
+              "errors": errors, **extra}
+    report["nothing_found"] = not findings and not errors
+    return report
+
+
+DEFAULT_MIN_MESSAGES = 100
+
+
+def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) -> list[str]:
+    """Why a campaign tested nothing worth its verdict: a worker whose target never listened,
+    or fewer messages exchanged than ``min_messages`` (client targets: no session at all).
+    Empty when the campaign ran; ``harness fuzz`` exits non-zero otherwise."""
+    out = []
+    never = report.get("workers_never_listened") or []
+    if never:
+        why = "; ".join(str(e.get("error", "")) for e in report.get("errors", []))
+        out.append(f"target never listened (worker {', '.join(map(str, never))})"
+                   + (f": {why}" if why else ""))
+    if report.get("target_kind") == "client":
+        if not report.get("cases"):
+            out.append("no client session ran")
+    elif report.get("messages_sent", 0) < min_messages:
+        out.append(f"only {report.get('messages_sent', 0):,} messages exchanged, fewer than the "
+                   f"minimum {min_messages:,} (--min-messages)")
+    return out
+
+
 def coverage_summary(dialect: str, coverage: Counter) -> dict:
-    """Which (kind, what, cmd) mutations and which command x field pairs were exercised."""
-    catalogue = [c for c in rst.mutation_catalogue(dialect) if c["what"] not in _CLIENT_ONLY]
+    """Which (kind, what, cmd) mutations and which command x field pairs were exercised.
+
+    The denominators come from the mutation registry (:func:`rst.mutation_catalogue`): the
+    request-side operators of the dialect and the fields each can write per command, so a
+    newly registered mutation shows up here (with 0 until a campaign sends it)."""
+    catalogue = [c for c in rst.mutation_catalogue(dialect) if c["direction"] == "request"]
     seen_ops: Counter = Counter()
     fields: dict = defaultdict(Counter)
+    for c in catalogue:
+        for f in c["fields"]:
+            fields[c["cmd"]][f] += 0
     valid: Counter = Counter()
     for key, n in coverage.items():
         parts = key.split("|")
@@ -72,7 +123,7 @@ def coverage_summary(dialect: str, coverage: Counter) -> dict:
         kind, what, cmd, field = parts
         cmd_key = "UNKNOWN" if cmd.startswith("UNKNOWN_") else cmd
         seen_ops[(kind, what, cmd_key)] += n
-        fields[cmd][field] += n
+        fields[cmd_key][field] += n
     exercised = [c for c in catalogue if (c["kind"], c["what"], c["cmd"]) in seen_ops]
     missing = [f"{c['kind']}:{c['what']}:{c['cmd']}" for c in catalogue
                if (c["kind"], c["what"], c["cmd"]) not in seen_ops]
@@ -81,10 +132,12 @@ def coverage_summary(dialect: str, coverage: Counter) -> dict:
         total = sum(1 for c in catalogue if c["kind"] == kind)
         hit = sum(1 for c in exercised if c["kind"] == kind)
         by_kind[kind] = {"exercised": hit, "catalogue": total}
+    command_field = {cmd: dict(sorted(f.items())) for cmd, f in sorted(fields.items())}
     return {
         "mutations_exercised": len(exercised), "mutations_catalogue": len(catalogue),
-        "by_kind": by_kind, "missing": missing,
-        "command_field": {cmd: dict(sorted(f.items())) for cmd, f in sorted(fields.items())},
+        "by_kind": by_kind, "missing": missing, "command_field": command_field,
+        "fields_exercised": sum(1 for f in command_field.values() for n in f.values() if n),
+        "fields_catalogue": sum(len(f) for f in command_field.values()),
         "valid_commands": dict(sorted(valid.items())),
         "mutated_messages": sum(seen_ops.values()), "valid_messages": sum(valid.values()),
     }
@@ -115,6 +168,9 @@ def render_markdown(r: dict, out: Path) -> str:
                   f"over {r['elapsed_s']:.0f} s.", ""]
     if r["interrupted"]:
         lines += ["The campaign was interrupted before its duration ended.", ""]
+    if r.get("problems"):
+        lines += ["**The campaign did not test the target**: " + "; ".join(
+            _md(p) for p in r["problems"]) + ".", ""]
     if r["target_kind"] == "client":
         # Each session is a fresh client process facing one misbehaving server: no message
         # counts, restarts or server memory to report.
@@ -130,11 +186,18 @@ def render_markdown(r: dict, out: Path) -> str:
         return _render_rest(r, out, lines)
     lines += ["| | |", "|---|---|",
               f"| target | `{r['target']}` ({r['target_kind']}) |",
-              f"| seed / workers | {r['seed']} / {r['workers']} |",
+              f"| seed / workers | {r['seed']} / {r['workers']}"
+              + _shard_text(r) + " |",
               f"| duration | {r['elapsed_s']:.0f} s (asked {r['duration_s']:.0f} s) |",
               f"| messages sent | {r['messages_sent']:,} ({r['bytes_sent']:,} bytes) |",
               f"| messages/s | {r['messages_per_s']:,.0f} (all workers, minimisation included) |",
-              f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s) |",
+              f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s): "
+              f"{r.get('generated_cases', 0):,} generated, {r.get('evolved_cases', 0):,} "
+              "derived from the evolving corpus |",
+              f"| corpus | {r.get('corpus_entries', 0):,} entries kept for "
+              f"{r.get('behaviours', 0):,} distinct behaviours |",
+              "| worker time | " + (", ".join(f"{k} {v:,.1f} s" for k, v in
+                                              r.get("timing_s", {}).items()) or "-") + " |",
               f"| target restarts | {r['restarts']} |",
               f"| verdicts / duplicates / unconfirmed | {r['verdicts']} / {r['duplicates']} / "
               f"{r['unconfirmed']} |",
@@ -204,15 +267,28 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
               "messages.", "", "| kind | exercised | catalogue |", "|---|---|---|"]
     for kind, v in cov["by_kind"].items():
         lines.append(f"| {kind} | {v['exercised']} | {v['catalogue']} |")
-    lines += ["", "Mutated fields per command (messages sent):", "",
-              "| command | fields |", "|---|---|"]
+    lines += ["", f"Mutated fields per command (messages sent; "
+              f"{cov.get('fields_exercised', 0)} of {cov.get('fields_catalogue', 0)} command x "
+              "field pairs of the registry reached):", "",
+              "| command | fields reached | not reached |", "|---|---|---|"]
     for cmd, fields in cov["command_field"].items():
-        lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items()) + " |")
+        lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items() if v)
+                     + " | " + ", ".join(k for k, v in fields.items() if not v) + " |")
     lines += ["", "Valid messages per command: " + ", ".join(
         f"{k} {v:,}" for k, v in cov["valid_commands"].items()), ""]
     if cov["missing"]:
         lines += [f"Not exercised ({len(cov['missing'])}): " + ", ".join(cov["missing"]), ""]
     return "\n".join(lines)
+
+
+def _shard_text(r: dict) -> str:
+    if r.get("merged_from"):
+        shards = ", ".join(f"{i}/{n}" for i, n in r.get("shards", []))
+        missing = (f"; **shards missing: {', '.join(map(str, r['shards_missing']))}**"
+                   if r.get("shards_missing") else "")
+        return f" ({len(r['merged_from'])} campaigns merged: shards {shards}{missing})"
+    shard = r.get("shard") or [1, 1]
+    return f" (shard {shard[0]}/{shard[1]})" if shard[1] > 1 else ""
 
 
 def _trend(worker: str, v: dict) -> str:

@@ -69,7 +69,7 @@ class Signature:
         """Short stable name (folder names, report anchors)."""
         h = hashlib.sha1("\x1f".join((self.kind, self.signal, self.line,
                                       self.command)).encode()).hexdigest()[:8]
-        return f"{self.kind}-{_slug(self.command)}-{h}"
+        return f"{self.kind}-{slug(self.command)}-{h}"
 
     def same_bug(self, other: "Signature | None", *, command: bool = True) -> bool:
         if other is None:
@@ -92,7 +92,7 @@ class Signature:
         return cls(d["kind"], d.get("signal", ""), d.get("line", ""), d.get("command", ""))
 
 
-def _slug(text: str) -> str:
+def slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:24] or "none"
 
 
@@ -317,6 +317,7 @@ class Target:
         self._spare: Future | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._launches = 0
+        self._log_offsets: dict[str, int] = {}
 
     # -- lifecycle
     def start(self) -> None:
@@ -441,6 +442,7 @@ class Target:
     def _stop_live(self) -> ExitInfo | None:
         if self.server is None:
             return None
+        self._log_offsets = {}  # the next process writes its logs afresh
         info = self.server.stop()
         self.server = None
         return info
@@ -467,6 +469,30 @@ class Target:
             if info is not None or time.monotonic() >= end:
                 return info
             time.sleep(0.005)
+
+    def new_log_lines(self, limit: int = 64 << 10) -> list[str]:
+        """Log lines the live process wrote since the last call (at most ``limit`` bytes per
+        log): what the server said about the last case, for the evolving corpus."""
+        server = self.server
+        if server is None:
+            return []
+        lines: list[str] = []
+        for path in (server.stdout_path, server.stderr_path):
+            start = self._log_offsets.get(str(path), 0)
+            try:
+                size = os.stat(path).st_size
+                if size <= start:
+                    continue
+                with open(path, "rb") as f:
+                    f.seek(start)
+                    chunk = f.read(min(size - start, limit))
+            except OSError:
+                continue
+            # Keep an unfinished last line for the next call.
+            end = chunk.rfind(b"\n") + 1
+            self._log_offsets[str(path)] = start + (end if end else len(chunk))
+            lines += chunk[:end or len(chunk)].decode("utf-8", "replace").splitlines()
+        return lines
 
     def log_lines(self) -> list[str]:
         if self.server is None:

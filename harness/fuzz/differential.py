@@ -1,0 +1,479 @@
+"""``harness fuzz --differential A B``: the same sessions against two servers, every
+difference between them a finding.
+
+Both targets (pins, user builds, ``ref-DIALECT``, ``ref:KNOB=V``) are launched the same way
+(no cache directory on either: the same cache setting) and get the same generated and evolved
+cases (:mod:`.generate`, :mod:`.evolve`). Per case and side, :meth:`CaseRunner.check` gives
+the outcome and whether the side broke; the two are compared (:func:`compare`):
+
+* **death** -- one side crashed, hung, grew too big or broke the connection rules and the
+  other did not (or both broke, differently);
+* **close** -- the connections ended differently: status (answered everything, closed,
+  hang) or the step they ended at;
+* **answer** -- the first answer whose bytes differ, after *pointer renaming*: buffer handles
+  and bases (ALLOC_BUFFER, BUFFER_GET_BASE answers) are heap addresses and compare only as
+  "zero or not".
+
+An allow-list (:data:`DEFAULT_ALLOW` plus ``--allow FILE``, YAML or JSON) names intended or
+host-dependent differences: ``{cmd, kind: answer, bytes: [start, end], reason}`` masks those
+answer bytes of that command (no ``bytes``: the whole payload, sizes still compared),
+``{cmd, kind: close|death}`` ignores such divergences at that command. Each divergence not
+allowed is deduplicated by its signature, minimised by delta debugging (both targets checked
+per attempt) and saved under ``divergences/<id>/`` with the case (``repro.rpct``) and both
+sides' transcripts (``a.rpct``, ``b.rpct``); ``harness replay DIR --differential A B``
+replays it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import shutil
+import struct
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+import yaml
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
+from hypothesis import strategies as st
+
+from ..capture.pcap import write_pcap
+from .campaign import Progress, _is_hypothesis_error
+from .case import Case, Step
+from .evolve import Corpus, behaviour, mutate
+from .execute import Outcome
+from .generate import cases
+from .replay import load
+from .report import DEFAULT_MIN_MESSAGES, campaign_problems
+from .runner import CaseRunner, Verdict
+from .shrink import Budget, minimise_case, transcript_of
+from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
+                     normalise, slug)
+
+FORMAT = "ggml-rpc-fuzz-divergence/1"
+_U64 = struct.Struct("<Q")
+_LEARNED = {"ALLOC_BUFFER": (0,), "BUFFER_GET_BASE": (0,)}  # u64 words holding heap addresses
+
+#: Differences that are not bugs: the same on every run of any two builds.
+DEFAULT_ALLOW: list[dict] = [
+    {"cmd": "GET_DEVICE_MEMORY", "kind": "answer",
+     "reason": "free and total device memory are the host's (and the server's budget)"},
+    {"cmd": "GET_TENSOR", "kind": "answer",
+     "reason": "bytes never written: a fresh buffer holds what its allocator left there"},
+    {"cmd": "GET_TENSOR_2D", "kind": "answer",
+     "reason": "bytes never written: a fresh buffer holds what its allocator left there"},
+]
+
+
+class DifferentialError(ValueError):
+    """Bad differential set-up (allow-list file, targets of different dialects)."""
+
+
+def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
+    entries = list(DEFAULT_ALLOW) if defaults else []
+    if path is None:
+        return entries
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as e:
+        raise DifferentialError(f"cannot read allow-list {path}: {e}") from None
+    if not isinstance(data, list):
+        raise DifferentialError(f"{path}: an allow-list is a list of entries")
+    for e in data:
+        if not isinstance(e, dict) or "cmd" not in e or e.get("kind", "answer") not in (
+                "answer", "close", "death"):
+            raise DifferentialError(f"{path}: bad entry {e!r} (needs cmd, kind answer|close|"
+                                    "death, optional bytes: [start, end], reason)")
+        b = e.get("bytes")
+        if b is not None and not (isinstance(b, list) and len(b) == 2
+                                  and all(isinstance(x, int) and x >= 0 for x in b)):
+            raise DifferentialError(f"{path}: bytes must be [start, end], not {b!r}")
+        entries.append({"kind": "answer", **e})
+    return entries
+
+
+# ---------------------------------------------------------------- comparing two runs
+
+def answers(case: Case, out: Outcome) -> list[tuple[int, str, bytes]]:
+    """(step, command, payload) of every answer in the recorded run, in order."""
+    stream = b"".join(data for d, _, data in (out.log or []) if d == "s2c")
+    result, pos = [], 0
+    for i, s in enumerate(case.steps):
+        for _ in s.expect:
+            if pos + 8 > len(stream):
+                return result
+            (n,) = _U64.unpack_from(stream, pos)
+            payload = stream[pos + 8:pos + 8 + n]
+            pos += 8 + n
+            result.append((i, s.cmd, payload))
+            if len(payload) < n:  # beyond what the transcript keeps
+                return result
+    return result
+
+
+def _renamed(cmd: str, payload: bytes) -> bytes:
+    """Heap addresses replaced by "zero or not" (they differ between processes)."""
+    words = _LEARNED.get(cmd)
+    if not words:
+        return payload
+    buf = bytearray(payload)
+    for w in words:
+        if len(buf) >= 8 * (w + 1):
+            v = _U64.unpack_from(buf, 8 * w)[0]
+            _U64.pack_into(buf, 8 * w, 1 if v else 0)
+    return bytes(buf)
+
+
+def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
+    buf = bytearray(payload)
+    for e in allow:
+        if e["kind"] != "answer" or e["cmd"] != cmd:
+            continue
+        start, end = e.get("bytes") or (0, len(buf))
+        for k in range(start, min(end, len(buf))):
+            buf[k] = 0
+    return bytes(buf)
+
+
+def _allowed(allow: list[dict], kind: str, cmd: str) -> bool:
+    return any(e["kind"] == kind and e["cmd"] == cmd for e in allow)
+
+
+@dataclass
+class Divergence:
+    signature: Signature
+    detail: str
+    step: int | None = None  # the step named as the cause
+    culprit: Step | None = None  # that step (minimisation keeps it)
+
+
+def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tuple[str, str],
+            allow: list[dict]) -> Divergence | None:
+    """How side B's run differs from side A's, or None (the first difference only)."""
+    (va, oa), (vb, ob) = runs
+    ka = va.signature if va else None
+    kb = vb.signature if vb else None
+    if ka is not None or kb is not None:
+        if ka is not None and kb is not None and ka.same_bug(kb, command=False):
+            return None  # both broke the same way: no difference
+        cmd = (ka or kb).command
+        if _allowed(allow, "death", cmd):
+            return None
+        side = [f"{lab}: {k.title() if k else 'survived'}" for lab, k in zip(labels, (ka, kb))]
+        which = ("both" if ka and kb else labels[0] if ka else labels[1])
+        line = f"{which} broke: " + " / ".join(
+            f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
+        return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
+    # Where a connection ended, as far as the wire proves it: the steps answered before the
+    # end (the step at which a pipelined client *notices* a close depends on timing).
+    if (oa.status, oa.proven) != (ob.status, ob.proven) and case.steps:
+        # The cause lies between the last step both answered and the first one only one
+        # side answered: the first mutated step there, else the first step there.
+        lo = min(oa.proven, ob.proven, len(case.steps) - 1)
+        hi = min(max(oa.proven, ob.proven, lo + 1), len(case.steps))
+        at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
+        cmd = case.steps[at].cmd
+        if not _allowed(allow, "close", cmd):
+            return Divergence(
+                Signature("divergence", "", f"close point: {labels[0]} {oa.status}, "
+                          f"{labels[1]} {ob.status}", cmd),
+                f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
+                f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
+                f"step {at}", at, case.steps[at])
+    for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
+        ra, rb = (_masked(cmd, _renamed(cmd, p), allow) for p in (pa, pb))
+        if ra != rb:
+            first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
+                         min(len(ra), len(rb)))
+            return Divergence(
+                Signature("divergence", "", f"answer differs at payload byte {first}", cmd),
+                f"step {i} {cmd}: {labels[0]} {pa[:32].hex()} / {labels[1]} {pb[:32].hex()}",
+                i, case.steps[i])
+    return None
+
+
+# ---------------------------------------------------------------- the campaign
+
+@dataclass
+class DifferentialConfig:
+    a: str
+    b: str
+    dialect: str | None = None
+    duration: float = 120.0
+    seed: int | None = None
+    out: Path | None = None
+    deadline: float = 5.0
+    as_limit: int = DEFAULT_AS_LIMIT
+    rss_limit: int = DEFAULT_RSS_LIMIT
+    max_steps: int = 32
+    shrink_seconds: float = 60.0
+    allow: Path | None = None
+    min_messages: int = DEFAULT_MIN_MESSAGES
+    evolve_share: float = 0.8
+    round_examples: int = 100
+    keep_work: bool = False
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for k in ("out", "allow"):
+            d[k] = str(d[k]) if d[k] is not None else None
+        return d
+
+
+class _Pair:
+    """Both targets with their runners; a case runs on A then on B."""
+
+    def __init__(self, cfg: DifferentialConfig, work: Path):
+        specs = [TargetSpec.parse(t, cfg.dialect) for t in (cfg.a, cfg.b)]
+        self.labels = (specs[0].name, specs[1].name)
+        self.targets = [Target(s, work / f"side{i}", as_limit=cfg.as_limit,
+                               rss_limit=cfg.rss_limit, standby=True)
+                        for i, s in enumerate(specs)]
+        self.runners: list[CaseRunner] = []
+        self.deadline = cfg.deadline
+
+    def start(self) -> str:
+        for t in self.targets:
+            t.start()
+        dialects = {t.dialect for t in self.targets}
+        if len(dialects) != 1:
+            raise DifferentialError(f"the targets speak different dialects "
+                                    f"({', '.join(map(str, dialects))}): pass --dialect")
+        self.runners = [CaseRunner(t, deadline=self.deadline) for t in self.targets]
+        return self.targets[0].dialect
+
+    def run(self, case: Case) -> list[tuple[Verdict | None, Outcome]]:
+        return [r.check(case, record=True) for r in self.runners]
+
+    def stop(self) -> None:
+        for t in self.targets:
+            t.stop()
+
+
+def run_differential(cfg: DifferentialConfig, *,
+                     on_progress: Callable[[Progress], None] | None = None) -> tuple[Path, dict]:
+    """Run the differential campaign; returns (report folder, report dict). ``on_progress``
+    gets the same :class:`Progress` a campaign gives (for the live display)."""
+    seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(1 << 31)
+    specs = [TargetSpec.parse(t, cfg.dialect) for t in (cfg.a, cfg.b)]  # fail early
+    out = Path(cfg.out) if cfg.out else \
+        Path("reports") / f"fuzz-diff-{time.strftime('%Y%m%d-%H%M%S')}"
+    (out / "divergences").mkdir(parents=True, exist_ok=True)
+    allow = load_allow(cfg.allow)
+    pair = _Pair(cfg, out / "work")
+    stats = {"cases": 0, "frames": 0, "generated": 0, "evolved": 0, "divergences_seen": 0,
+             "allowed": 0, "both_broke": 0, "restarts": 0}
+    findings: list[dict] = []
+    seen: set[str] = set()
+    errors: list[dict] = []
+    t0 = time.time()
+    end = t0 + cfg.duration
+    rng = random.Random(seed)
+    corpus = Corpus()
+    dialect = None
+    progress = Progress()
+
+    def emit() -> None:
+        progress.handle({"type": "stats", "worker": 0,
+                         "stats": {**stats, "restarts": sum(r.restarts for r in pair.runners)}})
+        if on_progress is not None:
+            on_progress(progress)
+    try:
+        dialect = pair.start()
+        strategy = cases(dialect, max_steps=cfg.max_steps,
+                         local_only=not all(s.is_reference for s in specs))
+
+        def one(case: Case) -> None:
+            runs = pair.run(case)
+            stats["cases"] += 1
+            stats["frames"] += sum(o.frames_sent for _, o in runs)
+            if runs[0][0] is None and runs[1][0] is None:
+                corpus.offer(case, behaviour(case, runs[0][1]))
+            elif runs[0][0] is not None and runs[1][0] is not None:
+                stats["both_broke"] += 1
+            div = compare(case, runs, pair.labels, allow)
+            if div is None:
+                if compare(case, runs, pair.labels, []) is not None:
+                    stats["allowed"] += 1
+                return
+            stats["divergences_seen"] += 1
+            key = _dedupe_key(div)
+            if key in seen:
+                return
+            seen.add(key)
+            findings.append(_minimise_and_save(cfg, pair, allow, case, div, out, dialect,
+                                               time.time() - t0))
+            progress.handle({"type": "finding", "finding": findings[-1]})
+            emit()
+
+        round_no = 0
+        while time.time() < end:
+            @settings(database=None, max_examples=cfg.round_examples, deadline=None,
+                      phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
+                      verbosity=Verbosity.quiet)
+            @hyp_seed(seed * 1_000_003 + round_no)
+            @given(st.data())
+            def generated(data):
+                if time.time() < end:
+                    case = data.draw(strategy)
+                    stats["generated"] += 1
+                    one(case)
+            n0 = stats["generated"]
+            try:
+                generated()
+            except Exception as e:  # noqa: BLE001 - hypothesis reports (Flaky...) end the round
+                if not _is_hypothesis_error(e):
+                    raise
+            round_no += 1
+            share = min(max(cfg.evolve_share, 0.0), 0.99)
+            for _ in range(int((stats["generated"] - n0) * share / (1 - share))):
+                if time.time() >= end or not corpus:
+                    break
+                stats["evolved"] += 1
+                one(mutate(corpus.pick(rng), corpus, rng))
+                if stats["evolved"] % 50 == 0:
+                    emit()
+            emit()
+    except (DifferentialError, OSError) as e:
+        errors.append({"error": str(e)})
+    finally:
+        stats["restarts"] = sum(r.restarts for r in pair.runners)
+        started = [t.starts for t in pair.targets]
+        pair.stop()
+        if not cfg.keep_work:
+            shutil.rmtree(out / "work", ignore_errors=True)
+    elapsed = max(time.time() - t0, 1e-9)
+    report = {
+        "format": "ggml-rpc-fuzz-differential/1", "a": cfg.a, "b": cfg.b,
+        "labels": list(pair.labels), "target": f"{cfg.a} vs {cfg.b}",
+        "target_kind": "differential", "dialect": dialect, "seed": seed,
+        "duration_s": cfg.duration, "elapsed_s": round(elapsed, 1),
+        "messages_sent": stats["frames"], "messages_per_s": round(stats["frames"] / elapsed, 1),
+        "cases": stats["cases"], "stats": stats, "allow": allow,
+        "findings": findings, "distinct_signatures": len(findings),
+        "nothing_found": not findings and not errors, "errors": errors,
+        "workers_never_listened": [i for i, n in enumerate(started) if not n],
+        "config": cfg.to_json(),
+    }
+    report["problems"] = campaign_problems(report, cfg.min_messages)
+    (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
+    (out / "report.md").write_text(render_markdown(report))
+    return out, report
+
+
+def _dedupe_key(div: Divergence) -> tuple:
+    """One finding per difference: a side that broke is one bug whatever step it was named
+    after (a pipelined run names the command only roughly); other divergences are per
+    command."""
+    sig = div.signature
+    if " broke: " in sig.line:
+        return (sig.line,)
+    if not sig.line.startswith("close point"):
+        return sig.line, sig.command  # an answer: its step is known exactly
+    # A close is blamed on a step of a window: its mutation tells causes apart.
+    what = div.culprit.desc["what"] if div.culprit is not None and div.culprit.desc else ""
+    return sig.line, sig.command, what
+
+
+def finding_id(div: Divergence) -> str:
+    """Folder name of a divergence: one per deduplication key (two close-point divergences
+    of one command blamed on different mutations are two findings)."""
+    digest = hashlib.sha1(repr(_dedupe_key(div)).encode()).hexdigest()[:8]
+    return f"divergence-{slug(div.signature.command)}-{digest}"
+
+
+def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out: Path,
+                       dialect: str, found_after: float) -> dict:
+    t0 = time.monotonic()
+    budget = Budget(cfg.shrink_seconds)
+
+    def same(c: Case) -> bool:
+        d = compare(c, pair.run(c), pair.labels, allow)
+        # The same difference, blamed on the same step (not another one that differs too).
+        return d is not None and _dedupe_key(d) == _dedupe_key(div) and d.culprit == div.culprit
+
+    minimal = minimise_case(case, same, budget) if len(case.steps) > 1 else case
+    runs = pair.run(minimal)
+    final = compare(minimal, runs, pair.labels, allow)
+    if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
+        minimal, runs, final = case, pair.run(case), div
+    return save_divergence(out / "divergences" / finding_id(div), minimal, runs, final,
+                           cfg=cfg, labels=pair.labels, dialect=dialect,
+                           extra={"original_steps": len(case.steps),
+                                  "minimise_seconds": round(time.monotonic() - t0, 1),
+                                  "minimise_attempts": budget.attempts,
+                                  "found_after_s": round(found_after, 1)})
+
+
+def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,
+                    dialect: str, extra: dict) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "signature": div.signature.to_json(), "a": cfg.a, "b": cfg.b,
+            "dialect": dialect, "case": case.to_json()}
+    transcript_of(case, None, meta).save(folder / "repro.rpct")
+    for name, (_, o) in zip(("a", "b"), runs):
+        tr = transcript_of(case, o, {**meta, "side": name})
+        tr.save(folder / f"{name}.rpct")
+        write_pcap(tr, folder / f"{name}.pcap")
+    finding = {"format": FORMAT, "id": folder.name, "signature": div.signature.to_json(),
+               "title": div.signature.title(), "detail": div.detail, "step": div.step,
+               "a": cfg.a, "b": cfg.b, "labels": list(labels), "dialect": dialect,
+               "steps": len(case.steps), "listing": case.describe(),
+               "outcomes": [{"status": o.status, "at": o.at,
+                             "broke": v.signature.title() if v else None} for v, o in runs],
+               "replay": f"harness replay {folder}/repro.rpct --differential {cfg.a} {cfg.b}",
+               **extra}
+    (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
+    return finding
+
+
+def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = None,
+                        deadline: float = 5.0, allow: Path | None = None) -> Divergence | None:
+    """Run a saved case once against fresh A and B; the divergence it shows, or None."""
+    case, _, _ = load(path)
+    cfg = DifferentialConfig(a=a, b=b, dialect=dialect or case.dialect, deadline=deadline)
+    with tempfile.TemporaryDirectory(prefix="harness-diff-") as tmp:
+        pair = _Pair(cfg, Path(tmp))
+        try:
+            pair.start()
+            return compare(case, pair.run(case), pair.labels, load_allow(allow))
+        finally:
+            pair.stop()
+
+
+def render_markdown(r: dict) -> str:
+    s = r["stats"]
+    lines = [f"# Differential fuzzing: {r['a']} vs {r['b']} (dialect {r['dialect']})", ""]
+    if r.get("problems"):
+        lines += ["**The campaign did not test the targets**: " + "; ".join(r["problems"]) + ".",
+                  ""]
+    lines += [("**No divergence**" if r["nothing_found"] else
+               f"**{r['distinct_signatures']} divergence(s)**")
+              + f" in {r['cases']:,} sessions ({r['messages_sent']:,} messages to both sides) "
+              f"over {r['elapsed_s']:.0f} s; seed {r['seed']}.", "",
+              "| | |", "|---|---|",
+              f"| sessions | {r['cases']:,}: {s['generated']:,} generated, {s['evolved']:,} "
+              "evolved |",
+              f"| divergent sessions (all / allow-listed) | {s['divergences_seen']:,} / "
+              f"{s['allowed']:,} |",
+              f"| sessions where both broke the same way | {s['both_broke']:,} |",
+              f"| target restarts | {s['restarts']} |", ""]
+    if r["errors"]:
+        lines += ["## Errors", ""] + [f"* {e['error']}" for e in r["errors"]] + [""]
+    lines += ["## Divergences", ""]
+    for f in r["findings"]:
+        lines += [f"### {f['id']}", "", f"{f['title']}", "", f"Detail: {f['detail']}", "",
+                  f"Minimised from {f.get('original_steps')} to {f['steps']} steps; both sides' "
+                  f"transcripts next to the reproducer (`a.rpct`, `b.rpct`).", "",
+                  "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
+    if not r["findings"]:
+        lines += ["None beyond the allow-list.", ""]
+    lines += ["## Allow-list", "", "| command | kind | bytes | reason |", "|---|---|---|---|"]
+    for e in r["allow"]:
+        lines.append(f"| {e['cmd']} | {e['kind']} | {e.get('bytes') or 'all'} | "
+                     f"{e.get('reason', '')} |")
+    return "\n".join(lines + [""])

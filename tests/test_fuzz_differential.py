@@ -1,0 +1,106 @@
+"""Differential fuzzing: two servers, the same sessions, every difference a finding.
+
+The planted difference is a reference-server knob that changes one answer
+(``claim_cache_hit``: SET_TENSOR_HASH answered 1 without the data): it must come out as
+exactly one finding, minimised, that replays against the planted pair only."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.fuzz.case import annotate, step
+from harness.fuzz.differential import (DifferentialConfig, DifferentialError, compare,
+                                       load_allow, replay_differential, run_differential)
+from harness.fuzz.execute import CLOSED, OK, Outcome
+from harness.proto import get_dialect, pack_request
+from harness.proto import messages as m
+from harness import strategies as rst
+
+D7 = get_dialect("7.0.0")
+LABELS = ("a", "b")
+
+
+def _case():
+    return annotate(D7, (step(rst.hello_request_frame(D7), "HELLO"),
+                         step(pack_request(D7, m.AllocBufferRequest(0, 1024)), "ALLOC_BUFFER"),
+                         step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT")))
+
+
+def _run(*answers: bytes, status=OK, at=None) -> tuple[None, Outcome]:
+    s2c = b"".join(len(a).to_bytes(8, "little") + a for a in answers)
+    return None, Outcome(status, at=at, proven=len(answers), log=[("s2c", 0.0, s2c)])
+
+
+HELLO = bytes([7, 0, 0])
+
+
+def test_pointers_are_renamed_and_the_first_differing_answer_named():
+    case = _case()
+    a = _run(HELLO, (0x55AA_0000).to_bytes(8, "little") + (1024).to_bytes(8, "little"),
+             (32).to_bytes(8, "little"))
+    b = _run(HELLO, (0x7F00_1234).to_bytes(8, "little") + (1024).to_bytes(8, "little"),
+             (32).to_bytes(8, "little"))
+    assert compare(case, [a, b], LABELS, []) is None  # handles differ: renamed away
+    failed = _run(HELLO, bytes(16), (32).to_bytes(8, "little"))  # allocation failed on b
+    div = compare(case, [a, failed], LABELS, [])
+    assert div.signature.command == "ALLOC_BUFFER" and div.step == 1
+    other = _run(HELLO, bytes(16), (64).to_bytes(8, "little"))
+    assert compare(case, [failed, other], LABELS, []).signature.command == "GET_ALIGNMENT"
+    allow = [{"cmd": "GET_ALIGNMENT", "kind": "answer", "bytes": [0, 8]}]
+    assert compare(case, [failed, other], LABELS, allow) is None
+
+
+def test_close_points_differ():
+    case = _case()
+    a = _run(HELLO, bytes(16), (32).to_bytes(8, "little"))
+    b = _run(HELLO, status=CLOSED, at=1)
+    div = compare(case, [a, b], LABELS, [])
+    assert div.signature.command == "ALLOC_BUFFER" and "close point" in div.signature.line
+    assert compare(case, [a, b], LABELS, [{"cmd": "ALLOC_BUFFER", "kind": "close"}]) is None
+
+
+def test_allow_list_files(tmp_path):
+    good = tmp_path / "allow.yaml"
+    good.write_text("- cmd: HELLO\n  bytes: [3, 4]\n  reason: 7.0.0+flags byte 3\n")
+    entries = load_allow(good)
+    assert entries[-1] == {"kind": "answer", "cmd": "HELLO", "bytes": [3, 4],
+                           "reason": "7.0.0+flags byte 3"}
+    for bad in ("cmd: HELLO\n", "- kind: answer\n", "- cmd: HELLO\n  bytes: [3]\n",
+                "- cmd: HELLO\n  kind: sometimes\n"):
+        good.write_text(bad)
+        with pytest.raises(DifferentialError):
+            load_allow(good)
+
+
+@pytest.mark.slow
+def test_a_planted_difference_is_one_minimised_finding_that_replays(tmp_path):
+    planted = "ref:claim_cache_hit=true"
+    out, report = run_differential(DifferentialConfig(a="ref", b=planted, duration=15, seed=2,
+                                                      out=tmp_path / "d", shrink_seconds=20))
+    assert not report["errors"] and not report["problems"], report
+    (f,) = report["findings"]
+    assert f["signature"]["command"] == "SET_TENSOR_HASH", f
+    assert f["steps"] <= 2, f["listing"]  # HELLO + SET_TENSOR_HASH
+    folder = out / "divergences" / f["id"]
+    assert {p.name for p in folder.iterdir()} >= {"repro.rpct", "a.rpct", "b.rpct",
+                                                  "finding.json"}
+    assert replay_differential(folder / "repro.rpct", "ref", planted) is not None
+    assert replay_differential(folder / "repro.rpct", "ref", "ref") is None
+    # The same through the CLI: exit 1 = reproduced, 0 = the two agree.
+    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(folder),
+                           "--differential", "ref", planted], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 1 and "REPRODUCED" in proc.stdout, proc.stdout + proc.stderr
+    assert json.loads((folder / "finding.json").read_text())["replay"].endswith(
+        f"--differential ref {planted}")
+
+
+@pytest.mark.slow
+def test_identical_servers_do_not_diverge(tmp_path):
+    out, report = run_differential(DifferentialConfig(a="ref", b="ref-7.0.0", duration=8,
+                                                      seed=3, out=tmp_path / "d"))
+    assert report["nothing_found"] and report["cases"] > 20, report["findings"]
