@@ -173,21 +173,30 @@ class Snapshot:
     cpu: float | None = None
     cache_files: int = 0
     cache_bytes: int = 0
+    cache_entries: dict | None = None  # isolated runs: path -> (inode, mtime, size)
 
 
-def cache_usage(folder: Path | None) -> tuple[int, int]:
-    """(files, bytes) under ``folder``."""
-    files = size = 0
+def cache_entries(folder: Path | None) -> dict[str, tuple[int, int, int]]:
+    """Every file under ``folder``: path -> (inode, mtime_ns, size)."""
+    out = {}
     if folder is None:
-        return 0, 0
+        return out
     for root, _, names in os.walk(folder):
         for n in names:
+            path = os.path.join(root, n)
             try:
-                size += os.stat(os.path.join(root, n)).st_size
-                files += 1
+                st = os.stat(path)
             except OSError:
-                pass  # a temporary file that was renamed meanwhile
-    return files, size
+                continue  # a temporary file that was renamed meanwhile
+            out[path] = (st.st_ino, st.st_mtime_ns, st.st_size)
+    return out
+
+
+def written(before: dict, after: dict) -> tuple[int, int]:
+    """(files, bytes) written between two :func:`cache_entries`: new or rewritten files
+    (content-named entries are rewritten in place, so a count alone misses a second write)."""
+    changed = [v for k, v in after.items() if before.get(k) != v]
+    return len(changed), sum(v[2] for v in changed)
 
 
 class Oracles:
@@ -228,12 +237,12 @@ class Oracles:
                 self._proc = None
         return self._proc
 
-    def before(self, case: Case) -> Snapshot:
+    def before(self, case: Case, *, isolated: bool = False) -> Snapshot:
         """The baseline of a case, taken before it runs (and the concurrency probe, which
         must not meet our own held connection)."""
         if self.limits.freeze_wait and case.open_ended:
             self.is_concurrent()
-        return self.snapshot()
+        return self.snapshot(entries=isolated)
 
     @property
     def holding(self) -> bool:
@@ -241,7 +250,7 @@ class Oracles:
         yet known to happen for every frame)?"""
         return bool(self.limits.freeze_wait and self.concurrent and not self.freezes_any)
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, *, entries: bool = False) -> Snapshot:
         p = self._process()
         snap = Snapshot(p.pid if p else None, self.target.starts)
         if p is None:
@@ -256,7 +265,9 @@ class Oracles:
         except psutil.Error:
             pass
         if self.limits.cache:
-            snap.cache_files, snap.cache_bytes = cache_usage(self.target.cache_dir())
+            found = cache_entries(self.target.cache_dir())
+            snap.cache_files, snap.cache_bytes = len(found), sum(v[2] for v in found.values())
+            snap.cache_entries = found if entries else None
         return snap
 
     def _rss(self) -> int | None:
@@ -305,7 +316,7 @@ class Oracles:
         it still serves (a HELLO on a new connection); None when every oracle is content."""
         if before.pid is None and self.local:
             return None
-        after = self.snapshot()
+        after = self.snapshot(entries=True)
         if after.pid != before.pid:
             return None  # restarted meanwhile: nothing to compare
         cost = case_cost(case, _sent(case, out))
@@ -431,8 +442,7 @@ class Oracles:
     def _cache(self, case: Case, before: Snapshot, after: Snapshot, cost: CaseCost):
         if not self.limits.cache:
             return None
-        files = after.cache_files - before.cache_files
-        size = after.cache_bytes - before.cache_bytes
+        files, size = written(before.cache_entries or {}, after.cache_entries or {})
         if files <= cost.uploads and size <= cost.upload_bytes:
             return None
         uploads = [s.cmd for s in case.steps if s.cmd.startswith("SET_TENSOR")]

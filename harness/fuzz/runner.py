@@ -144,7 +144,7 @@ class CaseRunner:
         """Run ``case`` on its own and judge it; the target is left running and healthy
         (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
-        before = self.oracles.before(case) if self.oracles is not None else None
+        before = self.oracles.before(case, isolated=True) if self.oracles is not None else None
         out = self.executor.run(case, lockstep=lockstep, record=record,
                                 before_close=self._sample(case, always=True))
         verdict = self._judge_now(case, out, lockstep=lockstep)
