@@ -27,6 +27,8 @@ from test_realclient_support import realpeer, require_peer_dir
 
 slow = pytest.mark.slow
 D7 = get_dialect("7.0.0")
+# 64 Ki x each upload (uploads are tens to thousands of bytes), 256 MiB per connection at most
+PLANTED_AMPLIFICATION = "ref:amplify_set_tensor=65536"
 
 
 def _case(*msgs) -> "annotate":
@@ -110,13 +112,11 @@ def _the_one(report: dict, kind: str, command: str, max_steps: int) -> dict:
 
 @slow
 def test_amplification_is_found_once_in_set_tensor(tmp_path):
-    out, report = _campaign(tmp_path, "ref:amplify_set_tensor=16384",
-                            {"amplification_floor": 2 << 20})
+    out, report = _campaign(tmp_path, PLANTED_AMPLIFICATION, {"amplification_floor": 16 << 20})
     f = _the_one(report, "amplification", "SET_TENSOR", 5)
     # `harness replay` reproduces it from the folder alone (thresholds in finding.json).
     proc = subprocess.run([sys.executable, "-m", "harness", "replay",
-                           str(out / "crashes" / f["id"]), "--target",
-                           "ref:amplify_set_tensor=16384"],
+                           str(out / "crashes" / f["id"]), "--target", PLANTED_AMPLIFICATION],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "REPRODUCED" in proc.stdout
@@ -161,7 +161,7 @@ def test_spin_is_found_once_in_its_command(tmp_path):
 @slow
 def test_honest_reference_server_gives_no_oracle_finding(tmp_path):
     # Every oracle on, the cache too, floors low enough that the planted bugs are found.
-    _, report = _campaign(tmp_path, "ref", {"cache": True, "amplification_floor": 2 << 20},
+    _, report = _campaign(tmp_path, "ref", {"cache": True, "amplification_floor": 16 << 20},
                           duration=20)
     assert report["nothing_found"], [f["title"] for f in report["findings"]]
     # Serial by design: one note, no findings (the freeze oracle does not apply).

@@ -25,6 +25,9 @@ from .knobs import Misbehaviour
 from .memory import ALIGNMENT, Buffer, MemoryPool, OutOfMemory
 
 INT64_MAX = (1 << 63) - 1
+# Knob amplify_set_tensor: at most this much per connection, so the planted bug shows as
+# amplification and stays below the fuzzer's memory bound (1 GiB by default).
+HOARD_CAP = 256 << 20
 
 
 class Close(PeerError):
@@ -184,8 +187,9 @@ class Session:
 
     def end_set_tensor(self, sink: SetTensorSink) -> None:
         factor = self.state.config.knobs.amplify_set_tensor
-        if factor > 0:  # touched bytes (not calloc's lazy zero pages): they count in RSS
-            self.hoard.append(b"\xa5" * (factor * len(sink.dest)))
+        held = sum(map(len, self.hoard))
+        if factor > 0 and held < HOARD_CAP:  # touched bytes (not calloc's zero pages): RSS
+            self.hoard.append(b"\xa5" * min(factor * len(sink.dest), HOARD_CAP - held))
         name = sink.finish()
         if name:
             self.cache_saves.append(name)
