@@ -15,7 +15,7 @@ from harness.fuzz.campaign import CampaignConfig, run_campaign
 from harness.fuzz.case import annotate, step
 from harness.fuzz.oracles import (ANY_FRAME, KINDS, SERIAL_NOTE, OracleLimits, case_cost,
                                   held_variant, open_frame_step, written)
-from harness.fuzz.replay import replay
+from harness.fuzz.replay import load, replay
 from harness.fuzz.strategies import hello_request_frame
 from harness.peer.knobs import parse_knobs
 from harness.proto import get_dialect
@@ -172,6 +172,14 @@ def test_honest_reference_server_gives_no_oracle_finding(tmp_path):
 @realpeer
 def test_real_7_gives_no_oracle_finding(tmp_path):
     require_peer_dir()
-    _, report = _campaign(tmp_path, "p7", {"cache": True}, duration=30)
-    assert not [f["title"] for f in report["findings"] if f["signature"]["kind"] in KINDS]
+    out, report = _campaign(tmp_path, "p7", {"cache": True}, duration=30)
+    new = [f for f in report["findings"] if f["signature"]["kind"] in KINDS]
+    # The one true positive p7 has: it allocates (and zero-fills) the length a frame
+    # announces before receiving it, so a header announcing GBs makes it grow by GBs. Such a
+    # finding must be an open-ended case that replays; the reference server grows nothing.
+    for f in new:
+        assert f["signature"]["kind"] == "amplification", f["title"]
+        case, _, _ = load(out / "crashes" / f["id"])
+        assert case.open_ended and f["replays"], f["listing"]
+        assert not replay(out / "crashes" / f["id"], "ref").reproduced
     assert report["oracles"]["notes"]["freeze"] == SERIAL_NOTE

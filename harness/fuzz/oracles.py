@@ -214,6 +214,7 @@ class Oracles:
         self._proc: psutil.Process | None = None
         self._rss_during: int | None = None
         self._frozen: str | None = None
+        self._late_probe: socket.socket | None = None
         # Campaign windows (per target process)
         self._starts = -1
         self._window: Snapshot | None = None
@@ -286,9 +287,22 @@ class Oracles:
         if (self.limits.freeze_wait and case.open_ended and out.status == OK
                 and self.is_concurrent()):
             time.sleep(0.02)  # let the server read the partial frame before probing
-            if not _answers_hello(self.target, self.limits.freeze_wait):
+            # Unanswered, the probe stays open until our connection is closed and the late
+            # answer is read (see _answers_hello).
+            answered, self._late_probe = _probe(self.target, self.limits.freeze_wait)
+            if not answered:
                 self._frozen = f"no HELLO answer on a second connection within " \
                                f"{self.limits.freeze_wait:g} s while this one was mid-frame"
+
+    def _drain_probe(self) -> None:
+        sock, self._late_probe = self._late_probe, None
+        if sock is not None:
+            try:
+                sock.settimeout(max(self.limits.freeze_wait, 2.0))
+                recv_exact(sock, 8)
+            except OSError:
+                pass
+            _close(sock)
 
     def _settled_rss(self) -> int | None:
         """RSS once the server has caught up with requests that have no answer."""
@@ -314,6 +328,7 @@ class Oracles:
     def judge_isolated(self, case: Case, out: Outcome, before: Snapshot):
         """The verdict (signature, detail) of a case run on its own, after the server proved
         it still serves (a HELLO on a new connection); None when every oracle is content."""
+        self._drain_probe()
         if before.pid is None and self.local:
             return None
         after = self.snapshot(entries=True)
@@ -336,6 +351,7 @@ class Oracles:
     def judge_stream(self, case: Case, out: Outcome, before: Snapshot) -> str | None:
         """Campaign sampling: the kind of oracle that fired for this case, or None. A trigger
         is only a suspicion: the runner confirms it with :meth:`judge_isolated`."""
+        self._drain_probe()
         now = self.snapshot()
         if now.pid is None:
             return None
@@ -395,18 +411,9 @@ class Oracles:
 
     def _holding_one_byte_freezes(self) -> bool:
         t = self.target
-        try:
-            with socket.create_connection((t.host, t.port), timeout=self.limits.freeze_wait) \
-                    as held:
-                held.sendall(_hello_frame(t))
-                head = recv_exact(held, 8)
-                recv_exact(held, int.from_bytes(head, "little"))
-                held.sendall(pack_request(get_dialect(t.dialect or "7.0.0"),
-                                          GetAlignmentRequest())[:1])
-                time.sleep(0.02)
-                return not _answers_hello(t, self.limits.freeze_wait)
-        except OSError:
-            return False
+        byte = pack_request(get_dialect(t.dialect or "7.0.0"), GetAlignmentRequest())[:1]
+        return _hello_then(t, self.limits.freeze_wait, lambda held: not _answers_hello(
+            t, self.limits.freeze_wait, unblock=lambda: _close(held)), tail=byte)
 
     def _spin(self, case: Case, out: Outcome, before: Snapshot, after: Snapshot):
         if not self.limits.spin_seconds or before.cpu is None or after.cpu is None:
@@ -490,23 +497,67 @@ def _hello_frame(target: Target) -> bytes:
     return hello_request_frame(target.dialect or "7.0.0")
 
 
-def _answers_hello(target: Target, timeout: float) -> bool:
+def _answers_hello(target: Target, timeout: float, *, unblock=None) -> bool:
+    """A HELLO on a fresh connection, answered within ``timeout``? When it is not,
+    ``unblock()`` (close what holds the server) is called and the late answer read before
+    closing: a C server that writes it to a closed socket dies of SIGPIPE (the real 7.0.0
+    server does)."""
     try:
         with socket.create_connection((target.host, target.port), timeout=timeout) as s:
             s.sendall(_hello_frame(target))
-            recv_exact(s, 8)
-            return True
+            try:
+                recv_exact(s, 8)
+                return True
+            except OSError:
+                if unblock is None:
+                    raise
+                unblock()
+                s.settimeout(max(timeout, 2.0))
+                recv_exact(s, 8)
+                return False
     except OSError:
         return False
 
 
-def _serves_two(target: Target, timeout: float) -> bool:
-    """HELLO on a first connection (answered, then left idle), then on a second one."""
+def _probe(target: Target, timeout: float) -> tuple[bool, socket.socket | None]:
+    """(answered, the still open socket when not)."""
+    try:
+        s = socket.create_connection((target.host, target.port), timeout=timeout)
+    except OSError:
+        return False, None
+    try:
+        s.sendall(_hello_frame(target))
+        recv_exact(s, 8)
+    except OSError:
+        return False, s
+    _close(s)
+    return True, None
+
+
+def _hello_then(target: Target, timeout: float, then, *, tail: bytes = b"") -> bool:
+    """HELLO on a first connection (answered), then ``tail`` on it, then ``then(first)``."""
     try:
         with socket.create_connection((target.host, target.port), timeout=timeout) as first:
             first.sendall(_hello_frame(target))
             head = recv_exact(first, 8)
             recv_exact(first, int.from_bytes(head, "little"))
-            return _answers_hello(target, timeout)
+            if tail:
+                first.sendall(tail)
+                time.sleep(0.02)
+            return then(first)
     except OSError:
         return False
+
+
+def _serves_two(target: Target, timeout: float) -> bool:
+    """Is a second client answered while a first one sits idle between frames?"""
+    return _hello_then(target, timeout, lambda first: _answers_hello(
+        target, timeout, unblock=lambda: _close(first)))
+
+
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    sock.close()
