@@ -243,6 +243,7 @@ class Oracles:
         must not meet our own held connection)."""
         if self.limits.freeze_wait and case.open_ended:
             self.is_concurrent()
+        self._rss_during = None
         return self.snapshot(entries=isolated)
 
     @property
