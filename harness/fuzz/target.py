@@ -59,7 +59,7 @@ class TargetError(RuntimeError):
 class Signature:
     """What identifies a finding: two findings with equal signatures are the same bug."""
 
-    kind: str  # crash | hang | memory | protocol
+    kind: str  # crash | hang | memory | protocol | one of harness.fuzz.oracles.KINDS
     signal: str  # "SIGABRT", "SIGSEGV", "exit 1", or "" when the process lives on
     line: str  # first meaningful log line (crash) or what was observed, normalised
     command: str  # the command of the step that caused it
