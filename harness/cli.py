@@ -521,9 +521,29 @@ def fuzz(
     engine: str = typer.Option("live", "--engine", help="live: the server process over TCP; "
                                "libfuzzer: the pin's server code in process, coverage-guided, "
                                "with ASan/UBSan (built with clang-16 on first use)."),
+    amplification: float = typer.Option(16.0, "--amplification", help="Finding when the "
+                                        "target's RSS grows by more than K x what a connection "
+                                        "sent and asked to allocate (0: off)."),
+    amplification_floor: str = typer.Option("128M", "--amplification-floor", help="... and "
+                                            "by more than this."),
+    freeze_wait: float = typer.Option(1.0, "--freeze-wait", help="Finding when a HELLO on a "
+                                      "second connection waits this long while one is held "
+                                      "mid-frame (concurrent servers only; 0: off)."),
+    cache: bool = typer.Option(False, "--cache", help="Run the target with its hash cache (-c) "
+                               "and find cache files or bytes beyond the cache_flag uploads."),
+    fd_growth: int = typer.Option(16, "--fd-growth", help="Finding when the target's open "
+                                  "descriptors grow by this many across connections (0: off)."),
+    spin_seconds: float = typer.Option(2.0, "--spin-seconds", help="Finding when one "
+                                       "connection costs the target more CPU seconds (0: off)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
+    from .fuzz.oracles import OracleLimits
+
+    oracles = OracleLimits(amplification=amplification,
+                           amplification_floor=parse_size(amplification_floor),
+                           freeze_wait=freeze_wait, cache=cache, fd_growth=fd_growth,
+                           spin_seconds=spin_seconds).to_json()
 
     raise typer.Exit(fuzz_command(console, target=target, dialect=dialect, duration=duration,
                                   seed=seed, workers=workers, out=out, deadline=deadline,
@@ -533,7 +553,7 @@ def fuzz(
                                   fail_on_findings=fail_on_findings,
                                   min_messages=min_messages, shard=shard,
                                   differential=differential, allow=allow,
-                                  engine=engine))
+                                  engine=engine, oracles=oracles))
 
 
 @app.command()

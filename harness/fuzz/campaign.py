@@ -42,6 +42,7 @@ from .case import Case
 from .evolve import Corpus, behaviour, mutate
 from .execute import REFUSED, Outcome
 from .generate import cases
+from .oracles import HOLD_EVERY, OracleLimits, Oracles, held_variant
 from .replay import load, replay
 from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .runner import CaseRunner, Verdict
@@ -78,6 +79,7 @@ class CampaignConfig:
     max_evolved_steps: int = 128
     shard: tuple[int, int] = (1, 1)  # (i, n): this job is shard i of n of one campaign
     min_messages: int = DEFAULT_MIN_MESSAGES  # fewer exchanged: the campaign tested nothing
+    oracles: dict = field(default_factory=dict)  # OracleLimits.to_json(): thresholds, cache
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -131,8 +133,10 @@ class _Worker:
         self.end = end  # wall-clock (time.time) end of the campaign
         self.emit = emit
         self.spec = TargetSpec.parse(cfg.target, cfg.dialect)
+        self.limits = OracleLimits.from_json(cfg.oracles)
         self.target = Target(self.spec, out / "work" / f"w{index}", as_limit=cfg.as_limit,
-                             rss_limit=cfg.rss_limit, standby=True)
+                             rss_limit=cfg.rss_limit, standby=True, cache=self.limits.cache)
+        self.oracles = Oracles(self.target, self.limits)
         self.runner: CaseRunner | None = None
         self.dialect = self.spec.dialect
         self.strategy = None
@@ -157,7 +161,9 @@ class _Worker:
     def run(self) -> None:
         self.target.start()
         self.dialect = self.target.dialect
-        self.runner = CaseRunner(self.target, deadline=self.cfg.deadline)
+        self.runner = CaseRunner(self.target, deadline=self.cfg.deadline, oracles=self.oracles)
+        if self.limits.freeze_wait:
+            self.oracles.is_concurrent()  # once, so the report says which it is
         # Every server acts on a well-formed COMM_INIT (it listens or connects out), the
         # reference server included since it links like p8: none comes from the fuzzer.
         self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps, local_only=True)
@@ -260,7 +266,12 @@ class _Worker:
             self._run_case(case)
             self._drain_queue()
 
-    def _run_case(self, case: Case, *, hunt: bool = False) -> Outcome:
+    def _run_case(self, case: Case, *, hunt: bool = False, hold: bool = True) -> Outcome:
+        if hold and self.oracles.holding and self.stats["cases"] % HOLD_EVERY == 0:
+            held = held_variant(case, self.rng)  # the freeze oracle's probe case
+            if held is not None:
+                self.stats["held"] += 1
+                self._run_case(held, hold=False)
         t0 = time.perf_counter()
         restarts = self.runner.restarts
         verdicts, out = self.runner.run_fast(case)
@@ -401,14 +412,16 @@ class _Worker:
                                          "minimise_seconds": round(seconds, 1),
                                          "minimise_attempts": attempts,
                                          "found_after_s": round(time.time() - self.t0, 1),
-                                         "worker": self.index})
+                                         "worker": self.index,
+                                         "oracles": self.limits.to_json()})
         if confirmed:
             # The acceptance test of a reproducer: one command against a fresh target.
             try:
                 finding["replays"] = replay(folder / "repro.rpct", self.cfg.target,
                                             dialect=self.dialect, deadline=self.cfg.deadline,
                                             as_limit=self.cfg.as_limit,
-                                            rss_limit=self.cfg.rss_limit).reproduced
+                                            rss_limit=self.cfg.rss_limit,
+                                            oracles=self.limits.to_json()).reproduced
             except TargetError:
                 finding["replays"] = None
             (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
@@ -447,6 +460,8 @@ class _Worker:
                    "behaviours": len(self.corpus.features), "corpus": len(self.corpus),
                    "timing": {k: round(v, 3) for k, v in self.timing.items()},
                    "dialect": self.dialect,
+                   "oracle_notes": dict(self.oracles.notes),
+                   "oracle_triggers": self.oracles.triggers,
                    "hunting": self.hunting.id if self.hunting else None})
 
 

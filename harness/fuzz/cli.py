@@ -18,7 +18,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  max_steps: int, keep_work: bool, fail_on_findings: bool = False,
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
-                 engine: str = "live") -> int:
+                 engine: str = "live", oracles: dict | None = None) -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -66,7 +66,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                              workers=workers, out=out, deadline=deadline, rss_limit=rss_limit,
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
                              max_steps=max_steps, keep_work=keep_work,
-                             min_messages=min_messages, shard=shard_of)
+                             min_messages=min_messages, shard=shard_of,
+                             oracles=oracles or {})
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:

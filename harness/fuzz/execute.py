@@ -60,6 +60,13 @@ class Outcome:
     # Answer shapes seen: (command, payload size, value bucket), the "new behaviour" signal of
     # the evolving corpus (an allocation that failed, a hash hit, a copy refused...).
     shapes: set = field(default_factory=set)
+    # The answered batch that took longest: (first step, answered step, seconds), for the
+    # time-per-request oracle (harness.fuzz.oracles).
+    slowest: tuple[int, int, float] | None = None
+
+    def note_wait(self, first: int, last: int, seconds: float) -> None:
+        if self.slowest is None or seconds > self.slowest[2]:
+            self.slowest = (first, last, seconds)
 
     def window(self, n_steps: int) -> tuple[int, int]:
         """Steps (first, last inclusive) that may have caused what was observed: after the
@@ -130,11 +137,13 @@ class Executor:
     def _pipelined(self, sock: socket.socket, case: Case, out: Outcome) -> None:
         steps = case.steps
         pending: list[bytes] = []
+        first = 0
         for i, s in enumerate(steps):
             pending.append(relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame)
             last = i == len(steps) - 1
             if not (s.expect or s.learn or s.eof or last):
                 continue
+            sent_at = time.monotonic()
             self._send(sock, pending, out)
             pending.clear()
             if s.eof:
@@ -145,6 +154,8 @@ class Executor:
             out.progress = i + 1
             if s.expect:
                 out.proven = i + 1
+                out.note_wait(first, i, time.monotonic() - sent_at)
+            first = i + 1
         out.at = None
         if case.protocol_error_at is not None or any(s.eof for s in steps):
             # The server must close after a refused request or at our EOF: wait for it.
@@ -154,6 +165,7 @@ class Executor:
         for i, s in enumerate(case.steps):
             frame = relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame
             out.at = i
+            sent_at = time.monotonic()
             self._send(sock, [frame], out)
             if s.eof:
                 _shutdown_write(sock)
@@ -164,6 +176,7 @@ class Executor:
                 self._peek_end(sock, out, s.cmd, self.lockstep_wait)
             else:
                 out.proven = i + 1
+                out.note_wait(i, i, time.monotonic() - sent_at)
             out.progress = i + 1
         out.at = None
         if case.protocol_error_at is not None or any(s.eof for s in case.steps):

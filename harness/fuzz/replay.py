@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..capture.transcript import C2S, Transcript
 from .case import Case, annotate, step
+from .oracles import OracleLimits, Oracles
 from .runner import CaseRunner
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec
 
@@ -77,17 +78,30 @@ def load(path: str | Path) -> tuple[Case, Signature | None, dict]:
 
 def replay(path: str | Path, target: str, *, dialect: str | None = None, deadline: float = 5.0,
            workdir: str | Path | None = None, as_limit: int = DEFAULT_AS_LIMIT,
-           rss_limit: int = DEFAULT_RSS_LIMIT) -> ReplayResult:
-    """Start ``target`` fresh, run the reproducer once, stop the target; say what happened."""
+           rss_limit: int = DEFAULT_RSS_LIMIT, oracles: dict | None = None) -> ReplayResult:
+    """Start ``target`` fresh, run the reproducer once, stop the target; say what happened.
+    ``oracles``: thresholds (OracleLimits JSON), default those the finding was saved with."""
     case, expected, meta = load(path)
+    limits = OracleLimits.from_json(oracles if oracles is not None else saved_limits(path))
     spec = TargetSpec.parse(target, dialect or case.dialect)
     with tempfile.TemporaryDirectory(prefix="harness-replay-") as tmp:
-        t = Target(spec, Path(workdir or tmp) / "target", as_limit=as_limit, rss_limit=rss_limit)
+        t = Target(spec, Path(workdir or tmp) / "target", as_limit=as_limit, rss_limit=rss_limit,
+                   cache=limits.cache)
         t.start()
         try:
-            runner = CaseRunner(t, deadline=deadline)
+            runner = CaseRunner(t, deadline=deadline, oracles=Oracles(t, limits))
             verdict, _ = runner.check(case, lockstep=True, restart=False)
         finally:
             t.stop()
     return ReplayResult(expected, verdict.signature if verdict else None,
                         verdict.detail if verdict else "", spec.name, len(case.steps))
+
+
+def saved_limits(path: str | Path) -> dict:
+    """The oracle thresholds a reproducer folder's finding.json was found with ({}: none)."""
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    try:
+        return json.loads((folder / "finding.json").read_text()).get("oracles") or {}
+    except (OSError, ValueError):
+        return {}

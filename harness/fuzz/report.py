@@ -53,6 +53,7 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
                "behaviours": sum(w.get("behaviours", 0) for w in progress.workers.values()),
                "corpus_entries": sum(w.get("corpus", 0) for w in progress.workers.values()),
                "shard": list(cfg.shard),
+               "oracles": oracle_summary(cfg.oracles, progress.workers.values()),
                "workers_never_listened": [i for i in range(cfg.workers) if not
                                           progress.workers.get(i, {}).get("target_starts")]})
     report["problems"] = campaign_problems(report, cfg.min_messages)
@@ -81,6 +82,30 @@ def build_report_from_parts(template: dict, *, totals: dict, elapsed: float, cov
 
 
 DEFAULT_MIN_MESSAGES = 100
+
+
+def oracle_summary(limits: dict, workers) -> dict:
+    """Thresholds of the oracles beyond death, the known properties the workers noted about
+    the target (e.g. a serial server), and how many campaign samples fired."""
+    from .oracles import OracleLimits
+    notes: dict = {}
+    for w in workers:
+        notes.update(w.get("oracle_notes") or {})
+    return {"limits": OracleLimits.from_json(limits).to_json(), "notes": notes,
+            "triggers": sum(w.get("oracle_triggers", 0) for w in workers)}
+
+
+def _oracle_rows(o: dict | None) -> list[str]:
+    if not o:
+        return []
+    lim = o["limits"]
+    rows = [f"| oracles | amplification > {lim['amplification']:g}x and > "
+            f"{_mib(lim['amplification_floor'])}, freeze wait {lim['freeze_wait']:g} s, "
+            f"cache {'on (-c)' if lim['cache'] else 'off'}, fd growth {lim['fd_growth']}, "
+            f"spin {lim['spin_seconds']:g} s CPU (0: off); {o.get('triggers', 0)} sample(s) "
+            "fired |"]
+    rows += [f"| known property ({k}) | {_md(v)} |" for k, v in sorted(o["notes"].items())]
+    return rows
 
 
 def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) -> list[str]:
@@ -206,6 +231,7 @@ def render_markdown(r: dict, out: Path) -> str:
               "| RSS first -> last sample of one target process | " + ", ".join(
                   _trend(k, v) for k, v in r.get("rss_trend", {}).items()) + " |",
               f"| hang deadline | {r['deadline_s']:g} s |",
+              *_oracle_rows(r.get("oracles")),
               "| connection outcomes | " + ", ".join(f"{k} {v:,}" for k, v in
                                                       sorted(r["statuses"].items())) + " |",
               ""]

@@ -68,8 +68,9 @@ def starts_with_hello(case: Case) -> bool:
 
 class CaseRunner:
     def __init__(self, target: Target, *, deadline: float = 5.0, rss_every: float = 0.25,
-                 settle: float = 0.3):
+                 settle: float = 0.3, oracles=None):
         self.target = target
+        self.oracles = oracles  # harness.fuzz.oracles.Oracles: findings beyond death
         self.deadline = deadline
         self.rss_every = rss_every
         # Open-ended cases (a length prefix the payload never fills): the server may be
@@ -99,6 +100,11 @@ class CaseRunner:
     # ---------------------------------------------------------------- memory
     def _sample(self, case: Case, always: bool = False):
         def before_close(out: Outcome) -> None:
+            sample(out)
+            if self.oracles is not None:
+                self.oracles.during(case, out, isolated=always)
+
+        def sample(out: Outcome) -> None:
             now = time.monotonic()
             if case.open_ended:
                 self._memory = self._watch_growth(now + self.settle)
@@ -138,6 +144,7 @@ class CaseRunner:
         """Run ``case`` on its own and judge it; the target is left running and healthy
         (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
+        before = self.oracles.before(case, isolated=True) if self.oracles is not None else None
         out = self.executor.run(case, lockstep=lockstep, record=record,
                                 before_close=self._sample(case, always=True))
         verdict = self._judge_now(case, out, lockstep=lockstep)
@@ -154,6 +161,10 @@ class CaseRunner:
                                                 "connections", culprit(case, out, hang=True)),
                                       case,
                                       "no HELLO answer on a new connection", out)
+            elif self.oracles is not None:
+                found = self.oracles.judge_isolated(case, out, before)
+                if found is not None:
+                    verdict = Verdict(found[0], case, found[1], out)
         if verdict is not None and restart and _disabling(verdict):
             self.restart()
         self.pending = None
@@ -190,6 +201,7 @@ class CaseRunner:
         self.ensure_running()
         if self.pending is not None and not starts_with_hello(case):
             verdicts += self._settle_pending()
+        before = self.oracles.before(case) if self.oracles is not None else None
         out = self.executor.run(case, before_close=self._sample(case))
         if out.proven > 0:
             self.pending = None  # our HELLO was answered: the previous connection did no harm
@@ -210,10 +222,26 @@ class CaseRunner:
                 self.restart()
             self.previous = None
             return verdicts + [verdict], out
+        previous = self.previous
         if out.status == CLOSED:
             self.pending = (case, out)
         self.previous = (case, out)
+        if self.oracles is not None and out.status in (OK, CLOSED):
+            kind = self.oracles.judge_stream(case, out, before)
+            if kind is not None:
+                verdicts += self._confirm_oracle(kind, [case] + ([previous[0]] if previous
+                                                                 else []))
         return verdicts, out
+
+    def _confirm_oracle(self, kind: str, suspects: list[Case]) -> list[Verdict]:
+        """A campaign sample fired: run the suspects on their own (the case, then the one
+        before it, whose tail the sample may have caught); a verdict only if one does it."""
+        for suspect in suspects:
+            verdict, _ = self.check(suspect)
+            if verdict is not None:
+                self.previous = None
+                return [verdict]
+        return []
 
     def _settle_pending(self) -> list[Verdict]:
         """Is the server that closed the previous connection still alive?"""

@@ -61,7 +61,7 @@ class TargetError(RuntimeError):
 class Signature:
     """What identifies a finding: two findings with equal signatures are the same bug."""
 
-    kind: str  # crash | hang | memory | protocol
+    kind: str  # crash | hang | memory | protocol | one of harness.fuzz.oracles.KINDS
     signal: str  # "SIGABRT", "SIGSEGV", "exit 1", or "" when the process lives on
     line: str  # first meaningful log line (crash) or what was observed, normalised
     command: str  # the command of the step that caused it
@@ -307,8 +307,10 @@ class Target:
 
     def __init__(self, spec: TargetSpec, workdir: Path, *, as_limit: int = DEFAULT_AS_LIMIT,
                  rss_limit: int = DEFAULT_RSS_LIMIT, host: str = "127.0.0.1",
-                 ready_timeout: float = 30.0, fault_shim: bool = True, standby: bool = False):
+                 ready_timeout: float = 30.0, fault_shim: bool = True, standby: bool = False,
+                 cache: bool = False):
         self.spec = spec
+        self.cache = cache  # run with the hash cache on (-c), in <launch dir>/cache
         self.workdir = Path(workdir)
         self.as_limit = as_limit
         self.rss_limit = rss_limit
@@ -384,14 +386,27 @@ class Target:
             return None
         return server
 
+    def cache_dir(self) -> Path | None:
+        """The live process's cache directory tree (None: the cache is off)."""
+        if not self.cache or self.server is None:
+            return None
+        return Path(self.server.workdir) / "cache"
+
     def _launch(self, workdir: Path) -> ServerProcess:
         workdir.mkdir(parents=True, exist_ok=True)
         spec = self.spec
+        cache_dir = workdir / "cache" if self.cache else None
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir, ignore_errors=True)  # a slot's previous process's files
+            cache_dir.mkdir(parents=True)
         if spec.kind == "ref":
             # serial: one connection at a time like the real server, so a finding is
             # attributed to exactly one connection and an uncaught exception is fatal (seen).
+            # The freeze_mid_frame knob plants its bug in a server that claims concurrency.
+            serial = [] if parse_knobs(spec.knobs).freeze_mid_frame else ["--serial"]
             return start_reference_server(spec.dialect, workdir=workdir, host=self.host,
-                                          extra_args=["--serial", "--memory", REFERENCE_MEMORY]
+                                          cache_dir=cache_dir,
+                                          extra_args=serial + ["--memory", REFERENCE_MEMORY]
                                           + [a for k in spec.knobs for a in ("--knob", k)],
                                           ready_timeout=self.ready_timeout)
         # Real servers run with the loopback bind shim: a fuzzed COMM_INIT (8.0.0+) makes a
@@ -401,14 +416,14 @@ class Target:
             peer = get_peer(spec.peer or spec.name)
             if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no fault shim
                 return start_peer_server(peer, workdir=workdir, host=self.host,
-                                         ready_timeout=self.ready_timeout,
+                                         cache_dir=cache_dir, ready_timeout=self.ready_timeout,
                                          env={"LD_PRELOAD": str(loopback)})
             if not peer.available:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
-            argv, env = peer.server_cmd(self.host, 0, None, 1)
+            argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
             env = preload_env(with_shim(env, _server_binary(argv)), loopback)
-            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, None, 1)[0], env,
+            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
                                        name=peer.name, host=self.host, workdir=workdir,
                                        ready_timeout=self.ready_timeout)
         if spec.kind == "docker":
@@ -429,6 +444,9 @@ class Target:
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
         env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        if cache_dir is not None:
+            argv.append("-c")
+            env["LLAMA_CACHE"] = str(cache_dir)
         env = with_shim(env, spec.binary) if self.fault_shim else env
         return ServerProcess.start(argv, preload_env(env, loopback),
                                    name=Path(spec.binary).name, host=self.host,

@@ -20,6 +20,13 @@ class Misbehaviour:
     stall_on: str | None = None  # command name: never answer it (hang the client)
     close_on: str | None = None  # command name: close the connection instead of answering
     garble_response_len: str | None = None  # command name: answer it with length + 1
+    # Planted resource bugs (each proves one `harness fuzz` oracle, see harness/fuzz/oracles):
+    amplify_set_tensor: int = 0  # hold this many times each SET_TENSOR payload per connection
+    freeze_mid_frame: bool = False  # serve concurrently, but all wait while one is mid-frame
+    cache_every_upload: bool = False  # with a cache dir, file every upload whatever cache_flag
+    leak_fd_per_connection: bool = False  # open a descriptor per connection, never close it
+    spin_on: str | None = None  # command name: burn spin_seconds of CPU before answering it
+    spin_seconds: float = 1.0
 
     # --- client side (what a server under test faces)
     skip_hello: bool = False
@@ -84,5 +91,12 @@ def parse_knobs(items) -> Misbehaviour:
             try:
                 values[name] = int(raw, 0)
             except ValueError:
-                values[name] = raw
+                values[name] = _float_or_text(raw)
     return Misbehaviour.from_dict(values)
+
+
+def _float_or_text(raw: str):
+    try:
+        return float(raw)
+    except ValueError:
+        return raw

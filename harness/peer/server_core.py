@@ -26,6 +26,9 @@ from .knobs import Misbehaviour
 from .memory import ALIGNMENT, Buffer, MemoryPool, OutOfMemory
 
 INT64_MAX = (1 << 63) - 1
+# Knob amplify_set_tensor: at most this much per connection, so the planted bug shows as
+# amplification and stays below the fuzzer's memory bound (1 GiB by default).
+HOARD_CAP = 256 << 20
 
 
 class Close(PeerError):
@@ -63,6 +66,7 @@ class ServerState:
         self.cache = HashCache(config.cache_dir) if config.cache_dir else None
         self.log = log
         self.lock = threading.Lock()
+        self.frame_lock = threading.Lock()  # knob freeze_mid_frame: held while mid-frame
 
     def hello(self, local_caps: bytes | None = None) -> m.HelloResponse:
         """``local_caps``: what the connection's transport offers (RDMA upgrade hook)."""
@@ -109,6 +113,7 @@ class Session:
         self.graphs: dict[tuple[int, int], list] = {}
         self.cache_hits = 0
         self.cache_saves: list[str] = []
+        self.hoard: list[bytes] = []  # knob amplify_set_tensor: freed with the connection
         self.local_conn_caps: bytes | None = None  # set by the server loop from its transport
         self.comms: dict[int, PeerLink] = {}  # device -> link; the real build drops it at close
 
@@ -121,6 +126,7 @@ class Session:
             self.state.pool.release(buf)
         self.buffers.clear()
         self.graphs.clear()
+        self.hoard.clear()
 
     # ------------------------------------------------------------ helpers
     def _device(self, device: int, cmd: Cmd) -> None:
@@ -184,11 +190,16 @@ class Session:
         t = self._live_tensor(msg.tensor, Cmd.SET_TENSOR)
         start = self._region(t, msg.offset, size, Cmd.SET_TENSOR)
         writer = None
-        if self.state.cache is not None and msg.cache_flag:  # any non-zero value saves
+        knobs = self.state.config.knobs
+        if self.state.cache is not None and (msg.cache_flag or knobs.cache_every_upload):
             writer = self.state.cache.writer()
         return SetTensorSink(t.buffer.view(start, size), writer)
 
     def end_set_tensor(self, sink: SetTensorSink) -> None:
+        factor = self.state.config.knobs.amplify_set_tensor
+        held = sum(map(len, self.hoard))
+        if factor > 0 and held < HOARD_CAP:  # touched bytes (not calloc's zero pages): RSS
+            self.hoard.append(b"\xa5" * min(factor * len(sink.dest), HOARD_CAP - held))
         name = sink.finish()
         if name:
             self.cache_saves.append(name)

@@ -15,6 +15,8 @@ memory).
 
 from __future__ import annotations
 
+import os
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
@@ -28,6 +30,7 @@ from .profile import RECEIVE_STREAMED, Profile
 from .server_core import Close, ServerState, Session, SetTensorSink
 
 DISCARD_CHUNK = 1 << 20  # scratch for payloads the old server reads only to drop them
+_LEAKED_FDS: list[int] = []  # knob leak_fd_per_connection: kept open for the process's life
 
 
 @dataclass
@@ -94,6 +97,9 @@ class ServerProtocol:
         self._discard_left = 0
         self._discard_close: Close | None = None
         self._scratch: memoryview | None = None
+        self._frame_lock_held = False
+        if self.knobs.leak_fd_per_connection:
+            _LEAKED_FDS.append(os.open(os.devnull, os.O_RDONLY))
 
     # ------------------------------------------------------------ driver API
     @property
@@ -108,6 +114,7 @@ class ServerProtocol:
         """Bytes from the client (``b""``: it finished sending)."""
         if self.closed:
             return
+        self._take_frame_lock()
         if self._stalled:
             if not data:
                 self._close(Close("misbehaviour: stalled until the client closed"))
@@ -127,6 +134,23 @@ class ServerProtocol:
         if len(view) and not self.closed:
             self.conn.receive_data(bytes(view))
 
+    def _take_frame_lock(self) -> None:
+        if self.knobs.freeze_mid_frame and not self._frame_lock_held:
+            # Every connection with bytes to process waits for the one that is mid-frame;
+            # released by process() once this one is between frames again.
+            self.state.frame_lock.acquire()
+            self._frame_lock_held = True
+
+    def _release_frame_lock(self) -> None:
+        if self._frame_lock_held:
+            self._frame_lock_held = False
+            self.state.frame_lock.release()
+
+    @property
+    def mid_frame(self) -> bool:
+        return self._sink is not None or self._discard_close is not None \
+            or self.conn.reader.in_frame
+
     def payload_view(self) -> memoryview | None:
         """Where the next payload bytes may be received directly, or None (use receive_data)."""
         if self._sink is not None:
@@ -142,6 +166,7 @@ class ServerProtocol:
         if n == 0:
             self._eof()
             return
+        self._take_frame_lock()
         self.conn.reader.payload_received(n)
         if self._sink is not None:
             self._sink_got += n
@@ -152,6 +177,13 @@ class ServerProtocol:
 
     def process(self) -> None:
         """Handle every buffered event (until more data is needed, a close or an upgrade)."""
+        try:
+            self._process()
+        finally:
+            if self._frame_lock_held and (self.closed or not self.mid_frame):
+                self._release_frame_lock()
+
+    def _process(self) -> None:
         try:
             while not (self.closed or self._upgrade_pending or self._sink is not None
                        or self._discard_close is not None or self._stalled):
@@ -200,6 +232,7 @@ class ServerProtocol:
 
     def abort(self) -> None:
         """The connection ended under the protocol (I/O error): drop a half-written entry."""
+        self._release_frame_lock()
         if self._sink is not None:
             self._sink.abort()
             self._sink = None
@@ -226,6 +259,10 @@ class ServerProtocol:
         if self.knobs.stall_on == name:
             self._stalled = True  # never answer; the driver's idle deadline bounds the wait
             return
+        if self.knobs.spin_on == name:
+            end = time.thread_time() + self.knobs.spin_seconds  # CPU time, whatever the load
+            while time.thread_time() < end:
+                pass
         rsp = self.session.handle(msg)
         if rsp is None:
             return
