@@ -72,7 +72,7 @@ def test_full_session(server, client):
 
     d.do("node", name="s", kind="add", inputs=["a", "b"], buffer="c", offset=0)
     d.do("node", name="p", kind="mul", inputs=["s", "b"], buffer="c", offset=256)
-    assert d.do("compute", outputs=["p"]) == {"status": 0}
+    assert d.do("compute", outputs=["p"]) == {"status": 0, "uid": 0}
     xa, xb = fill(fa, n), fill(fb, n)
     assert d.do("get", tensor="p") == expect((xa + xb) * xb)
 
@@ -138,7 +138,7 @@ def test_ops_views_and_types(server, client):
     assert v2["nbytes"] == 2 * 4 + 2 * 16
     d.do("tensor", name="dense", buffer="buf", offset=4352, ne=[2, 3])
     d.do("node", name="cp2", kind="cpy", inputs=["v2", "dense"])
-    assert d.do("compute", outputs=["mm", "rows", "half", "cp", "cp2"]) == {"status": 0}
+    assert d.do("compute", outputs=["mm", "rows", "half", "cp", "cp2"]) == {"status": 0, "uid": 0}
 
     A = fill(ar, K * M).reshape(M, K)
     B = np.full((N, K), 2.0, F32)

@@ -49,6 +49,14 @@ class Adapter:
         """Why this image cannot run here. Where Docker is required (CI), None: the start
         then fails with the same reason, so a missing engine fails the cell."""
         from .docker_adapter import docker_required
+        if self.pin:  # the image is made from a built pin: without it the peer is missing
+            from .registry import PeerError, get_peer
+            try:
+                peer = get_peer(self.pin)
+            except PeerError as e:
+                return str(e)
+            if not peer.available:
+                return f"{self.pin}: {peer.reason}"
         try:
             self.docker_image()
         except RuntimeError as e:  # no engine, pin not built, import refused, no such image

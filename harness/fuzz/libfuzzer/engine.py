@@ -71,6 +71,12 @@ class LibFuzzerConfig:
     replay: bool = True  # confirm every finding against the live server
     coverage: bool = True
     keep_work: bool = False
+    # fields the shared campaign report reads: one libFuzzer run is one whole campaign, the
+    # oracles beyond death need a live server process, and the exchanged minimum is the
+    # live engine's (executions are counted instead)
+    shard: tuple[int, int] = (1, 1)
+    oracles: dict = field(default_factory=dict)
+    min_messages: int = 0
 
     def to_json(self) -> dict:
         d = asdict(self)
