@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from harness.conformance.raw import CLOSED, OPEN, RawSession
-from harness.conformance.runner import cases_for, run_all, run_case
+from harness.conformance.check import cases_for, run_all, run_case
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server
 from harness.peer.server import ReferenceServer

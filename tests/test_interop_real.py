@@ -12,7 +12,7 @@ from harness.capture.canonical import canonical, first_divergence, unified_diff
 from harness.capture.proxy import RecordingProxy
 from harness.conformance.cases import CASES
 from harness.conformance.raw import RawSession
-from harness.conformance.runner import VECTOR_OUTCOMES, run_all
+from harness.conformance.check import VECTOR_OUTCOMES, run_all
 from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server, start_reference_server

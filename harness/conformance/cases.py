@@ -24,7 +24,7 @@ U64 = struct.Struct("<Q")
 
 
 @dataclass(frozen=True)
-class Case:
+class ConformanceCase:
     id: str
     vector: str  # the title of the recorded case (errors.json / state.json, or the 8.0.0 record)
     expect: str  # CLOSED | OPEN | ANSWERED, as the oldest dialect the case applies to does it
@@ -70,13 +70,13 @@ def _check(cond: bool, what: str) -> None:
         raise CaseError(what)
 
 
-CASES: list[Case] = []
+CASES: list[ConformanceCase] = []
 
 
 def case(id: str, vector: str, expect: str, command: str, *, since: int = 7,
          changed: tuple[tuple[int, str], ...] = ()):
     def deco(fn):
-        CASES.append(Case(id, vector, expect, fn, command, since, changed))
+        CASES.append(ConformanceCase(id, vector, expect, fn, command, since, changed))
         return fn
     return deco
 
@@ -522,7 +522,7 @@ def _(new):
     return s
 
 
-def by_id(case_id: str) -> Case:
+def by_id(case_id: str) -> ConformanceCase:
     for c in CASES:
         if c.id == case_id:
             return c

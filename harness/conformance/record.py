@@ -17,7 +17,7 @@ import tempfile
 
 from ..impls.registry import get_peer
 from ..impls.supervisor import start_peer_server
-from .runner import cases_for, run_case
+from .check import cases_for, run_case
 
 
 def record(peer_name: str, dialect: str, *, observe_wait: float = 0.3) -> dict:

@@ -5,13 +5,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from . import cases_8  # noqa: F401  (registers the 8.0.0 cases)
-from .cases import CASES, Case, CaseError
+from .cases import CASES, CaseError, ConformanceCase
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
 
 
 @dataclass
 class CaseResult:
-    case: Case
+    case: ConformanceCase
     outcome: str  # CLOSED | OPEN | ANSWERED | "error"
     detail: str
     expected: str = ""  # what the real server of the session's dialect does
@@ -21,7 +21,7 @@ class CaseResult:
         return self.outcome == self.expected
 
 
-def run_case(case: Case, host: str, port: int, *, dialect: str = "7.0.0",
+def run_case(case: ConformanceCase, host: str, port: int, *, dialect: str = "7.0.0",
              timeout: float = 5.0, observe_wait: float = 0.5) -> CaseResult:
     opened: list[RawSession] = []
 
@@ -50,7 +50,7 @@ def run_case(case: Case, host: str, port: int, *, dialect: str = "7.0.0",
             x.close()
 
 
-def cases_for(dialect: str) -> list[Case]:
+def cases_for(dialect: str) -> list[ConformanceCase]:
     return [c for c in CASES if c.applies_to(dialect)]
 
 
