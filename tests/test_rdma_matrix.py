@@ -60,8 +60,8 @@ def test_heavy_scenarios_same_verdicts_over_rdma(tmp_path):
 
 def test_real_peers_are_skipped_over_emulated_rdma_with_the_reason(tmp_path):
     m = load_matrix(ROOT / "matrix.yaml")
-    m.designs["bump"].transports = ["rdma-emu"]
-    cells = expand(m, designs=["bump"], scenarios=["handshake"])
+    m.designs["bump-7"].transports = ["rdma-emu"]
+    cells = expand(m, designs=["bump-7"], scenarios=["handshake"])
     rows = run_cells(m, cells, tmp_path, run_id="x", workers=2)
     real = [r for r in rows if "llama-7" in (r["client"], r["server"])]
     assert real and all(r["verdict"] == "skip" and "reference peers in both roles" in r["reason"]
