@@ -158,7 +158,7 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     from harness import strategies as rst
     from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
     from harness.fuzz.faultinfo import shim_path
-    from harness.fuzz.runner import CaseRunner
+    from harness.fuzz.case_runner import CaseRunner
     from harness.fuzz.strategies.graphs import _deep_chain
     from harness.fuzz.target import Target, TargetSpec
     from harness.proto import RpcTensor, get_dialect, ggml, pack_request

@@ -19,7 +19,7 @@ from harness.fuzz.display import parse_duration
 from harness.fuzz.execute import CLOSED, HANG, OK, PROTOCOL, Executor
 from harness.fuzz.generate import cases, steady_session
 from harness.fuzz.replay import load
-from harness.fuzz.runner import culprit
+from harness.fuzz.case_runner import culprit
 from harness.fuzz.shrink import Budget, ddmin, minimise_case, save_reproducer
 from harness.fuzz.target import Signature, TargetError, TargetSpec, death_line, normalise
 from harness.peer.knobs import Misbehaviour
@@ -355,7 +355,7 @@ def test_deep_chains_can_list_only_their_output():
 
 
 def test_runner_reports_memory_above_the_bound_and_restarts(tmp_path):
-    from harness.fuzz.runner import CaseRunner
+    from harness.fuzz.case_runner import CaseRunner
     from harness.fuzz.target import Target
     target = Target(TargetSpec.parse("ref"), tmp_path / "t", rss_limit=1 << 20)  # 1 MiB: always over
     target.start()

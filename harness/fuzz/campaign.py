@@ -45,7 +45,7 @@ from .generate import cases
 from .oracles import HOLD_EVERY, OracleLimits, Oracles, held_variant
 from .replay import load, replay
 from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
-from .runner import CaseRunner, Verdict
+from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, save_reproducer, transcript_of
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetError, \
     TargetSpec
@@ -153,7 +153,7 @@ class _Worker:
         self.best: Case | None = None
         self.hunt_end = 0.0
         self.generated_steps = 0  # length of the case hypothesis started shrinking from
-        self.queue: list[Verdict] = []  # confirmed new findings waiting to be minimised
+        self.queue: list[Finding] = []  # confirmed new findings waiting to be minimised
         self._last_emit = 0.0
         self.t0 = time.time()
 
@@ -251,7 +251,7 @@ class _Worker:
         if self.hunting is not None:
             sig, best = self.hunting, self.best
             self.hunting = None
-            self._finalise(Verdict(sig, best), generated=self.generated_steps)
+            self._finalise(Finding(sig, best), generated=self.generated_steps)
 
     def _evolve(self, n: int) -> None:
         """``n`` cases derived from corpus entries (their findings are queued: ddmin only)."""
@@ -298,7 +298,7 @@ class _Worker:
         self._emit_stats()
         return out
 
-    def _consider(self, verdict: Verdict, *, hunt: bool = False, confirmed: bool = False) -> None:
+    def _consider(self, verdict: Finding, *, hunt: bool = False, confirmed: bool = False) -> None:
         """A case broke the target: confirm it in isolation, claim its signature, and either
         hunt it with hypothesis (``hunt``: it is the current example) or queue it."""
         self.stats["verdicts"] += 1
@@ -323,7 +323,7 @@ class _Worker:
                 if self._claim(verdict.signature, unconfirmed=True):
                     self._save(verdict, verdict.case, None, minimised=False, confirmed=False)
                 return
-            verdict = Verdict(again.signature, verdict.case, again.detail or verdict.detail,
+            verdict = Finding(again.signature, verdict.case, again.detail or verdict.detail,
                               again.outcome)
             self.fast_seen[fast] = verdict.signature.id
         if not self._claim(verdict.signature):
@@ -357,14 +357,14 @@ class _Worker:
         return max(5.0, min(self.cfg.shrink_seconds, left))
 
     # -- minimise and save
-    def _finalise(self, verdict: Verdict, generated: int | None = None) -> None:
+    def _finalise(self, verdict: Finding, generated: int | None = None) -> None:
         t0 = time.perf_counter()
         try:
             self._minimise_and_save(verdict, generated)
         finally:
             self.timing["minimise"] += time.perf_counter() - t0
 
-    def _minimise_and_save(self, verdict: Verdict, generated: int | None) -> None:
+    def _minimise_and_save(self, verdict: Finding, generated: int | None) -> None:
         sig, case = verdict.signature, verdict.case
         claim_id = sig.id
         t0 = time.monotonic()
@@ -387,7 +387,7 @@ class _Worker:
                    original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,
                    attempts=budget.attempts)
 
-    def _save(self, verdict: Verdict, case: Case, out: Outcome | None, *, minimised: bool,
+    def _save(self, verdict: Finding, case: Case, out: Outcome | None, *, minimised: bool,
               confirmed: bool, claim_id: str | None = None, original: int | None = None,
               shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0) -> None:
         sig = verdict.signature

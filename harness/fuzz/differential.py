@@ -49,7 +49,7 @@ from .execute import Outcome
 from .generate import cases
 from .replay import load
 from .report import DEFAULT_MIN_MESSAGES, campaign_problems
-from .runner import CaseRunner, Verdict
+from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
 from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
                      normalise, slug)
@@ -151,7 +151,7 @@ class Divergence:
     culprit: Step | None = None  # that step (minimisation keeps it)
 
 
-def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tuple[str, str],
+def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tuple[str, str],
             allow: list[dict]) -> Divergence | None:
     """How side B's run differs from side A's, or None (the first difference only)."""
     (va, oa), (vb, ob) = runs
@@ -246,7 +246,7 @@ class _Pair:
         self.runners = [CaseRunner(t, deadline=self.deadline) for t in self.targets]
         return self.targets[0].dialect
 
-    def run(self, case: Case) -> list[tuple[Verdict | None, Outcome]]:
+    def run(self, case: Case) -> list[tuple[Finding | None, Outcome]]:
         return [r.check(case, record=True) for r in self.runners]
 
     def stop(self) -> None:

@@ -439,7 +439,7 @@ class Oracles:
         peak = max(self._rss_during or 0, self._rss() or 0)
         if not self._amplified(base, cost, peak):
             return None
-        from .runner import culprit
+        from .case_runner import culprit
         growth = peak - base
         return Signature(AMPLIFICATION, "", "resident memory grew far beyond what the "
                          "connection sent and asked for", culprit(case, out)), \

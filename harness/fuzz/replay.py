@@ -20,7 +20,7 @@ from pathlib import Path
 from ..capture.transcript import C2S, Transcript
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
-from .runner import CaseRunner
+from .case_runner import CaseRunner
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec
 
 

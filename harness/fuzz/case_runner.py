@@ -26,7 +26,7 @@ _NUMBER = re.compile(r"\b\d+\b")
 
 
 @dataclass
-class Verdict:
+class Finding:
     """A case broke the target: how (signature) and the details for the report."""
 
     signature: Signature
@@ -132,15 +132,15 @@ class CaseRunner:
                 return None
             last = now
 
-    def _memory_verdict(self, case: Case, out: Outcome) -> Verdict:
+    def _memory_verdict(self, case: Case, out: Outcome) -> Finding:
         rss = self._memory
-        return Verdict(Signature("memory", "", "resident memory above the bound",
+        return Finding(Signature("memory", "", "resident memory above the bound",
                                  culprit(case, out)), case,
                        f"RSS {rss >> 20} MiB > bound {self.target.rss_limit >> 20} MiB", out)
 
     # ---------------------------------------------------------------- isolated
     def check(self, case: Case, *, lockstep: bool = False, record: bool = False,
-              restart: bool = True) -> tuple[Verdict | None, Outcome]:
+              restart: bool = True) -> tuple[Finding | None, Outcome]:
         """Run ``case`` on its own and judge it; the target is left running and healthy
         (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
@@ -155,34 +155,34 @@ class CaseRunner:
                 cmd = culprit(case, out, lockstep=lockstep)
                 if info is not None:
                     sig, detail = self.target.death_verdict(info, cmd)
-                    verdict = Verdict(sig, case, detail, out)
+                    verdict = Finding(sig, case, detail, out)
                 else:
-                    verdict = Verdict(Signature("hang", "", "server stopped serving new "
+                    verdict = Finding(Signature("hang", "", "server stopped serving new "
                                                 "connections", culprit(case, out, hang=True)),
                                       case,
                                       "no HELLO answer on a new connection", out)
             elif self.oracles is not None:
                 found = self.oracles.judge_isolated(case, out, before)
                 if found is not None:
-                    verdict = Verdict(found[0], case, found[1], out)
+                    verdict = Finding(found[0], case, found[1], out)
         if verdict is not None and restart and _disabling(verdict):
             self.restart()
         self.pending = None
         return verdict, out
 
-    def _judge_now(self, case: Case, out: Outcome, *, lockstep: bool = False) -> Verdict | None:
+    def _judge_now(self, case: Case, out: Outcome, *, lockstep: bool = False) -> Finding | None:
         """What can be said from this connection alone (no waiting unless it looks bad)."""
         if out.status == PROTOCOL:
-            return Verdict(Signature("protocol", "", _generic(out.detail),
+            return Finding(Signature("protocol", "", _generic(out.detail),
                                      culprit(case, out, lockstep=lockstep)), case, out.detail, out)
         if out.status in (HANG, REFUSED):
             info = self.target.wait_exit(0.5)
             if info is not None:
                 sig, detail = self.target.death_verdict(info, culprit(case, out,
                                                                       lockstep=lockstep))
-                return Verdict(sig, case, detail, out)
+                return Finding(sig, case, detail, out)
             if out.status == HANG:
-                return Verdict(Signature("hang", "", "no answer within the deadline",
+                return Finding(Signature("hang", "", "no answer within the deadline",
                                          culprit(case, out, hang=True)), case,
                                out.detail, out)
         if self._memory is not None:
@@ -190,14 +190,14 @@ class CaseRunner:
         info = self.target.exit_info()
         if info is not None:
             sig, detail = self.target.death_verdict(info, culprit(case, out, lockstep=lockstep))
-            return Verdict(sig, case, detail, out)
+            return Finding(sig, case, detail, out)
         return None
 
     # ---------------------------------------------------------------- campaign
-    def run_fast(self, case: Case) -> tuple[list[Verdict], Outcome]:
+    def run_fast(self, case: Case) -> tuple[list[Finding], Outcome]:
         """Run ``case`` as part of a stream of cases; returns the verdicts it settled (about
         this case, or about the previous one that this case proved guilty)."""
-        verdicts: list[Verdict] = []
+        verdicts: list[Finding] = []
         self.ensure_running()
         if self.pending is not None and not starts_with_hello(case):
             verdicts += self._settle_pending()
@@ -233,7 +233,7 @@ class CaseRunner:
                                                                  else []))
         return verdicts, out
 
-    def _confirm_oracle(self, kind: str, suspects: list[Case]) -> list[Verdict]:
+    def _confirm_oracle(self, kind: str, suspects: list[Case]) -> list[Finding]:
         """A campaign sample fired: run the suspects on their own (the case, then the one
         before it, whose tail the sample may have caught); a verdict only if one does it."""
         for suspect in suspects:
@@ -243,7 +243,7 @@ class CaseRunner:
                 return [verdict]
         return []
 
-    def _settle_pending(self) -> list[Verdict]:
+    def _settle_pending(self) -> list[Finding]:
         """Is the server that closed the previous connection still alive?"""
         case, out = self.pending
         self.pending = None
@@ -252,20 +252,20 @@ class CaseRunner:
         info = self.target.wait_exit(1.0)
         if info is not None:
             sig, detail = self.target.death_verdict(info, culprit(case, out))
-            verdict = Verdict(sig, case, detail, out)
+            verdict = Finding(sig, case, detail, out)
         else:
-            verdict = Verdict(Signature("hang", "", "server stopped serving new connections",
+            verdict = Finding(Signature("hang", "", "server stopped serving new connections",
                                         culprit(case, out, hang=True)), case,
                               "no HELLO answer on a new connection", out)
         self.restart()
         return [verdict]
 
-    def finish(self) -> list[Verdict]:
+    def finish(self) -> list[Finding]:
         """Judge a pending connection at the end of a run."""
         return self._settle_pending() if self.pending is not None else []
 
 
-def _disabling(verdict: Verdict) -> bool:
+def _disabling(verdict: Finding) -> bool:
     """Does the target need a restart after this? (A protocol violation leaves it serving.)"""
     return verdict.signature.kind != "protocol"
 
