@@ -17,7 +17,8 @@ the outcome and whether the side broke; the two are compared (:func:`compare`):
 An allow-list (:data:`DEFAULT_ALLOW` plus ``--allow FILE``, YAML or JSON) names intended or
 host-dependent differences: ``{cmd, kind: answer, bytes: [start, end], reason}`` masks those
 answer bytes of that command (no ``bytes``: the whole payload, sizes still compared),
-``{cmd, kind: close|death}`` ignores such divergences at that command. Each divergence not
+``{cmd, kind: close|death}`` ignores such divergences at that command; ``match`` (a regular
+expression) narrows an entry to divergences whose line contains it (a death by its assert). Each divergence not
 allowed is deduplicated by its signature, minimised by delta debugging (both targets checked
 per attempt) and saved under ``divergences/<id>/`` with the case (``repro.rpct``) and both
 sides' transcripts (``a.rpct``, ``b.rpct``); ``harness replay DIR --differential A B``
@@ -29,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 import struct
 import tempfile
@@ -88,6 +90,11 @@ def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
                 "answer", "close", "death"):
             raise DifferentialError(f"{path}: bad entry {e!r} (needs cmd, kind answer|close|"
                                     "death, optional bytes: [start, end], reason)")
+        if "match" in e:
+            try:
+                re.compile(e["match"])
+            except (re.error, TypeError) as err:
+                raise DifferentialError(f"{path}: bad match {e['match']!r}: {err}") from None
         b = e.get("bytes")
         if b is not None and not (isinstance(b, list) and len(b) == 2
                                   and all(isinstance(x, int) and x >= 0 for x in b)):
@@ -139,8 +146,11 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
     return bytes(buf)
 
 
-def _allowed(allow: list[dict], kind: str, cmd: str) -> bool:
-    return any(e["kind"] == kind and e["cmd"] == cmd for e in allow)
+def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
+    """An entry names the kind and command (``cmd: "*"``: any); its optional ``match`` is a
+    regular expression the divergence's line must contain (e.g. one assert of one side)."""
+    return any(e["kind"] == kind and e["cmd"] in (cmd, "*")
+               and (e.get("match") is None or re.search(e["match"], line)) for e in allow)
 
 
 @dataclass
@@ -161,12 +171,12 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         if ka is not None and kb is not None and ka.same_bug(kb, command=False):
             return None  # both broke the same way: no difference
         cmd = (ka or kb).command
-        if _allowed(allow, "death", cmd):
-            return None
         side = [f"{lab}: {k.title() if k else 'survived'}" for lab, k in zip(labels, (ka, kb))]
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
+        if _allowed(allow, "death", cmd, line):
+            return None
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
     # Where a connection ended, as far as the wire proves it: the steps answered before the
     # end (the step at which a pipelined client *notices* a close depends on timing).
@@ -177,10 +187,10 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         hi = min(max(oa.proven, ob.proven, lo + 1), len(case.steps))
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
-        if not _allowed(allow, "close", cmd):
+        line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
+        if not _allowed(allow, "close", cmd, line):
             return Divergence(
-                Signature("divergence", "", f"close point: {labels[0]} {oa.status}, "
-                          f"{labels[1]} {ob.status}", cmd),
+                Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
                 f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
                 f"step {at}", at, case.steps[at])
@@ -435,12 +445,23 @@ def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = Non
                         deadline: float = 5.0, allow: Path | None = None) -> Divergence | None:
     """Run a saved case once against fresh A and B; the divergence it shows, or None."""
     case, _, _ = load(path)
+    return run_pair(case, a, b, dialect=dialect, deadline=deadline,
+                    allow=load_allow(allow))[0]
+
+
+def run_pair(case: Case, a: str, b: str, *, dialect: str | None = None, deadline: float = 5.0,
+             allow: list[dict] | None = None
+             ) -> tuple[Divergence | None, list[tuple[Verdict | None, Outcome]]]:
+    """Run ``case`` once against fresh A and B: the divergence (``allow``: the default
+    allow-list when None) and both sides' runs."""
     cfg = DifferentialConfig(a=a, b=b, dialect=dialect or case.dialect, deadline=deadline)
     with tempfile.TemporaryDirectory(prefix="harness-diff-") as tmp:
         pair = _Pair(cfg, Path(tmp))
         try:
             pair.start()
-            return compare(case, pair.run(case), pair.labels, load_allow(allow))
+            runs = pair.run(case)
+            return compare(case, runs, pair.labels,
+                           load_allow(None) if allow is None else allow), runs
         finally:
             pair.stop()
 

@@ -162,8 +162,10 @@ class Session:
             raise Close(f"[{cmd.value.lower()}] tensor data region (data=0x{t.rec.data:x}, "
                         f"offset={offset}, size={n}) out of buffer bounds "
                         f"[0x{p0:x}, 0x{p1:x})", cmd.value)
-        # ggml_backend_tensor_set/get then assert offset + size <= nbytes (7.0.0 aborts there)
-        if n and offset + n > nbytes(t.rec):
+        # ggml_backend_tensor_set/get then assert offset + size <= nbytes (7.0.0 aborts there),
+        # in size_t: an offset that wraps the address back into the buffer passes it and the
+        # real server writes / reads at the wrapped address (p7 and p8 both do)
+        if n and (offset + n) & U64 > nbytes(t.rec):
             raise Close(f"[{cmd.value.lower()}] region offset={offset} size={n} beyond tensor "
                         f"nbytes {nbytes(t.rec)}", cmd.value)
         return start
