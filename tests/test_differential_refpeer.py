@@ -180,3 +180,20 @@ def test_bounded_differential_against_the_real_build_finds_nothing_unlisted(prot
 def test_shipped_allow_lists_load_and_name_why(proto):
     entries = load_allow(ALLOW[proto], defaults=False)
     assert entries and all(e.get("reason") for e in entries)
+
+
+def test_an_allow_entry_covers_only_what_its_match_names():
+    from harness.fuzz.differential import _allowed
+    entries = load_allow(ALLOW["7.0.0"], defaults=False)
+    death = ("p7 broke: crash SIGABRT ggml-backend.cpp:360: GGML_ASSERT(offset + size <= "
+             'ggml_nbytes(tensor) && "tensor read out of bounds") failed / survived')
+    assert _allowed(entries, "death", "GET_TENSOR", death)
+    # the reference dying the same way, or another assert, is not covered
+    assert not _allowed(entries, "death", "GET_TENSOR",
+                        "ref-7.0.0 broke: survived / " + death[len("p7 broke: "):-len(" / survived")])
+    assert not _allowed(entries, "death", "GET_TENSOR",
+                        "p7 broke: crash SIGABRT ggml.c:1: GGML_ASSERT(x) failed / survived")
+    assert _allowed(entries, "close", "SET_TENSOR",
+                    "close point: p7 ok, ref-7.0.0 closed <- framing:len_large")
+    assert not _allowed(entries, "close", "SET_TENSOR",
+                        "close point: p7 ok, ref-7.0.0 closed <- valid")

@@ -18,7 +18,9 @@ An allow-list (:data:`DEFAULT_ALLOW` plus ``--allow FILE``, YAML or JSON) names 
 host-dependent differences: ``{cmd, kind: answer, bytes: [start, end], reason}`` masks those
 answer bytes of that command (no ``bytes``: the whole payload, sizes still compared),
 ``{cmd, kind: close|death}`` ignores such divergences at that command; ``match`` (a regular
-expression) narrows an entry to divergences whose line contains it (a death by its assert). Each divergence not
+expression) narrows an entry to divergences whose line contains it (a death by its assert; a
+close point as ``close point: A ok, B closed <- framing:len_large``, the mutation it is
+blamed on). Each divergence not
 allowed is deduplicated by its signature, minimised by delta debugging (both targets checked
 per attempt) and saved under ``divergences/<id>/`` with the case (``repro.rpct``) and both
 sides' transcripts (``a.rpct``, ``b.rpct``); ``harness replay DIR --differential A B``
@@ -146,6 +148,12 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
     return bytes(buf)
 
 
+def _mutation(s: Step) -> str:
+    """What a close is blamed on, for allow-list matching: ``kind:what`` of the step's
+    mutation (``framing:len_large``, ``field:ne_extreme``) or ``valid``."""
+    return f"{s.desc.get('kind')}:{s.desc.get('what')}" if s.desc else "valid"
+
+
 def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
     """An entry names the kind and command (``cmd: "*"``: any); its optional ``match`` is a
     regular expression the divergence's line must contain (e.g. one assert of one side)."""
@@ -188,7 +196,7 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not _allowed(allow, "close", cmd, line):
+        if not _allowed(allow, "close", cmd, f"{line} <- {_mutation(case.steps[at])}"):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
