@@ -274,6 +274,10 @@ class Session:
         if not dst.buffer.contains(dst.rec.data, n):
             raise Close("[copy_tensor] out-of-bounds write in rpc_server::copy_tensor",
                         Cmd.COPY_TENSOR.value)
+        if dst.buffer.size == 0:
+            # ggml gives a zero-size allocation a dummy buffer without a cpy_tensor method:
+            # ggml_backend_buffer_copy_tensor answers false (p7 and p8 answer 0)
+            return m.CopyTensorResponse(0)
         data = bytes(src.buffer.view(src.rec.data, n))
         dst.buffer.view(dst.rec.data, n)[:] = data
         return m.CopyTensorResponse(1)
@@ -307,6 +311,11 @@ class Session:
         if data_off > buf.size or msg.offset > buf.size - data_off or \
                 msg.size > buf.size - data_off - msg.offset:
             raise Close("[memset_tensor] tensor region out of buffer bounds",
+                        Cmd.MEMSET_TENSOR.value)
+        if buf.size == 0:
+            # a zero-size allocation is ggml's dummy buffer, whose type has no memset_tensor
+            # (spec 5: "the buffer type must implement memset"; p7 and p8 close here)
+            raise Close("[memset_tensor] buffer type does not implement memset",
                         Cmd.MEMSET_TENSOR.value)
         start = data_off + msg.offset
         buf.mem[start:start + msg.size] = msg.value
