@@ -114,7 +114,21 @@ def stale_handle_case(proto: str):
     return annotate(d, tuple(steps))
 
 
-REPRODUCERS = {"elementwise": elementwise_case, "wrapping_offset": wrapping_offset_case,
+def zero_size_buffer_case(proto: str):
+    """A zero-size ALLOC_BUFFER is ggml's dummy buffer (NULL base, no buffer methods): a
+    COPY_TENSOR of empty tensors into it answers 0 (ggml_backend_buffer_copy_tensor has no
+    cpy_tensor to call) and a MEMSET_TENSOR closes (no memset_tensor); the reference answered
+    1 and accepted the memset."""
+    d = get_dialect(proto)
+    empty = _f32(d, 1, 0).with_(ne=(0, 1, 1, 1))
+    steps = _start(d, 0) + [
+        step(pack_request(d, m.CopyTensorRequest(empty, empty.with_(id=2))), "COPY_TENSOR"),
+        step(pack_request(d, m.MemsetTensorRequest(empty, 0, 0, 7)), "MEMSET_TENSOR"),
+        step(pack_request(d, m.GetAlignmentRequest(0)), "GET_ALIGNMENT")]
+    return annotate(d, tuple(steps))
+
+
+REPRODUCERS = {"zero_size_buffer": zero_size_buffer_case, "elementwise": elementwise_case, "wrapping_offset": wrapping_offset_case,
                "stale_handle": stale_handle_case}
 
 
@@ -130,6 +144,10 @@ def test_reference_alone_answers_like_the_real_server(proto, name):
     assert div is None and ref[0] is None
     out = ref[1]
     got = _payloads(case, ref, "GET_TENSOR")
+    if name == "zero_size_buffer":
+        assert _payloads(case, ref, "COPY_TENSOR") == [b"\0"]
+        assert out.proven == len(case.steps) - 2, out  # closed at the MEMSET_TENSOR
+        return
     if name == "stale_handle":
         # answered up to the handle+0x100 lookup, which closes (no such buffer)
         assert out.proven == len(case.steps) - 1, out
