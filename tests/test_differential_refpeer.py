@@ -234,6 +234,19 @@ def test_an_allow_entry_covers_only_what_its_match_names():
     assert not _allowed(entries, "death", "GET_TENSOR",
                         "p7 broke: crash SIGABRT ggml.c:1: GGML_ASSERT(x) failed / survived")
     assert _allowed(entries, "close", "SET_TENSOR",
-                    "close point: p7 ok, ref-7.0.0 closed <- framing:len_large")
+                    "close point: p7 ok, ref-7.0.0 closed <- field:ne_extreme framing:len_large")
+    assert _allowed(entries, "close", "GET_TENSOR",
+                    "close point: p7 closed, ref-7.0.0 closed <- valid stale-base")
     assert not _allowed(entries, "close", "SET_TENSOR",
                         "close point: p7 ok, ref-7.0.0 closed <- valid")
+
+
+def test_a_close_after_a_freed_buffer_is_tagged_stale_base_only_then():
+    from harness.fuzz.differential import _close_causes
+    d = get_dialect("7.0.0")
+    read = _get(d, _f32(d, 1, 0))
+    free = step(pack_request(d, m.FreeBufferRequest(H0)), "FREE_BUFFER")
+    stale = annotate(d, tuple(_start(d, 4096) + [free, read]))
+    fresh = annotate(d, tuple(_start(d, 4096) + [read]))
+    assert "stale-base" in _close_causes(stale, 3, 4)
+    assert _close_causes(fresh, 3, 3) == "valid"

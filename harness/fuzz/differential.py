@@ -149,19 +149,23 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
     return bytes(buf)
 
 
-def _mutation(case: Case, at: int) -> str:
-    """What a close is blamed on, for allow-list matching: ``kind:what`` of the step's
-    mutation (``framing:len_large``, ``field:ne_extreme``) or ``valid``, plus `` stale-base``
-    when the step points into a buffer freed before it. Whether freed memory lies inside a
-    later buffer is the allocator's choice (the real server's glibc sometimes hands it out
-    again, the reference never), so that is compared as a symbol, not as an outcome."""
-    s = case.steps[at]
-    what = f"{s.desc.get('kind')}:{s.desc.get('what')}" if s.desc else "valid"
-    freed = {r.index for p in case.steps[:at] if p.cmd == "FREE_BUFFER"
-             for r in p.relocs if r.kind == HANDLE and r.addend == 0}
-    if any(r.kind == BASE and r.index in freed for r in s.relocs):
-        what += " stale-base"
-    return what
+def _close_causes(case: Case, lo: int, hi: int) -> str:
+    """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
+    mutated step from the last step both sides answered to the first one neither did
+    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` when one
+    of those steps points into a buffer freed before it. Whether freed memory lies inside a
+    later buffer is the allocator's choice (the real server's malloc sometimes hands it out
+    again, the reference never), so it is compared as that symbol, not as an outcome."""
+    tags = set()
+    for at in range(lo, min(hi + 1, len(case.steps))):
+        s = case.steps[at]
+        if s.desc:
+            tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
+        freed = {r.index for p in case.steps[:at] if p.cmd == "FREE_BUFFER"
+                 for r in p.relocs if r.kind == HANDLE and r.addend == 0}
+        if any(r.kind == BASE and r.index in freed for r in s.relocs):
+            tags.add("stale-base")
+    return " ".join(sorted(tags)) or "valid"
 
 
 def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
@@ -208,7 +212,7 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not _allowed(allow, "close", cmd, f"{line} <- {_mutation(case, at)}"):
+        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
