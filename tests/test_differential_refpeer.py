@@ -234,11 +234,14 @@ def test_an_allow_entry_covers_only_what_its_match_names():
     assert not _allowed(entries, "death", "GET_TENSOR",
                         "p7 broke: crash SIGABRT ggml.c:1: GGML_ASSERT(x) failed / survived")
     assert _allowed(entries, "close", "SET_TENSOR",
-                    "close point: p7 ok, ref-7.0.0 closed <- field:ne_extreme framing:len_large")
+                    "close point: p7 ok, ref-7.0.0 closed <- field:ne_extreme framing:len_large"
+                    " same-step")
     assert _allowed(entries, "close", "GET_TENSOR",
                     "close point: p7 closed, ref-7.0.0 closed <- valid stale-base")
     assert not _allowed(entries, "close", "SET_TENSOR",
-                        "close point: p7 ok, ref-7.0.0 closed <- valid")
+                        "close point: p7 ok, ref-7.0.0 closed <- valid same-step")
+    assert not _allowed(entries, "close", "SET_TENSOR",  # one side answered more
+                        "close point: p7 ok, ref-7.0.0 closed <- framing:len_large")
 
 
 def test_a_close_after_a_freed_buffer_is_tagged_stale_base_only_then():

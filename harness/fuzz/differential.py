@@ -20,7 +20,7 @@ answer bytes of that command (no ``bytes``: the whole payload, sizes still compa
 ``{cmd, kind: close|death}`` ignores such divergences at that command; ``match`` (a regular
 expression) narrows an entry to divergences whose line contains it (a death by its assert; a
 close point as ``close point: A ok, B closed <- framing:len_large``, the mutation it is
-blamed on; an answer as ``A <payload hex> / B <payload hex>``: such an entry masks nothing, it
+blamed on, and ``same-step`` when both answered as many steps; an answer as ``A <payload hex> / B <payload hex>``: such an entry masks nothing, it
 passes the answers it matches). Each divergence not
 allowed is deduplicated by its signature, minimised by delta debugging (both targets checked
 per attempt) and saved under ``divergences/<id>/`` with the case (``repro.rpct``) and both
@@ -212,7 +212,8 @@ def compare(case: Case, runs: list[tuple[Verdict | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"):
+        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"
+                        + (" same-step" if oa.proven == ob.proven else "")):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
