@@ -17,7 +17,11 @@ the outcome and whether the side broke; the two are compared (:func:`compare`):
 An allow-list (:data:`DEFAULT_ALLOW` plus ``--allow FILE``, YAML or JSON) names intended or
 host-dependent differences: ``{cmd, kind: answer, bytes: [start, end], reason}`` masks those
 answer bytes of that command (no ``bytes``: the whole payload, sizes still compared),
-``{cmd, kind: close|death}`` ignores such divergences at that command. Each divergence not
+``{cmd, kind: close|death}`` ignores such divergences at that command; ``match`` (a regular
+expression) narrows an entry to divergences whose line contains it (a death by its assert; a
+close point as ``close point: A ok, B closed <- framing:len_large``, the mutation it is
+blamed on, and ``same-step`` when both answered as many steps; an answer as ``A <payload hex> / B <payload hex>``: such an entry masks nothing, it
+passes the answers it matches). Each divergence not
 allowed is deduplicated by its signature, minimised by delta debugging (both targets checked
 per attempt) and saved under ``divergences/<id>/`` with the case (``repro.rpct``) and both
 sides' transcripts (``a.rpct``, ``b.rpct``); ``harness replay DIR --differential A B``
@@ -29,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
 import shutil
 import struct
 import tempfile
@@ -43,7 +48,7 @@ from hypothesis import strategies as st
 
 from ..capture.pcap import write_pcap
 from .campaign import Progress, _is_hypothesis_error
-from .case import Case, Step
+from .case import BASE, HANDLE, Case, Step
 from .evolve import Corpus, behaviour, mutate
 from .execute import Outcome
 from .generate import cases
@@ -88,6 +93,11 @@ def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
                 "answer", "close", "death"):
             raise DifferentialError(f"{path}: bad entry {e!r} (needs cmd, kind answer|close|"
                                     "death, optional bytes: [start, end], reason)")
+        if "match" in e:
+            try:
+                re.compile(e["match"])
+            except (re.error, TypeError) as err:
+                raise DifferentialError(f"{path}: bad match {e['match']!r}: {err}") from None
         b = e.get("bytes")
         if b is not None and not (isinstance(b, list) and len(b) == 2
                                   and all(isinstance(x, int) and x >= 0 for x in b)):
@@ -131,7 +141,7 @@ def _renamed(cmd: str, payload: bytes) -> bytes:
 def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
     buf = bytearray(payload)
     for e in allow:
-        if e["kind"] != "answer" or e["cmd"] != cmd:
+        if e["kind"] != "answer" or e["cmd"] != cmd or "match" in e:
             continue
         start, end = e.get("bytes") or (0, len(buf))
         for k in range(start, min(end, len(buf))):
@@ -139,8 +149,30 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
     return bytes(buf)
 
 
-def _allowed(allow: list[dict], kind: str, cmd: str) -> bool:
-    return any(e["kind"] == kind and e["cmd"] == cmd for e in allow)
+def _close_causes(case: Case, lo: int, hi: int) -> str:
+    """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
+    mutated step from the last step both sides answered to the first one neither did
+    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` when one
+    of those steps points into a buffer freed before it. Whether freed memory lies inside a
+    later buffer is the allocator's choice (the real server's malloc sometimes hands it out
+    again, the reference never), so it is compared as that symbol, not as an outcome."""
+    tags = set()
+    for at in range(lo, min(hi + 1, len(case.steps))):
+        s = case.steps[at]
+        if s.desc:
+            tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
+        freed = {r.index for p in case.steps[:at] if p.cmd == "FREE_BUFFER"
+                 for r in p.relocs if r.kind == HANDLE and r.addend == 0}
+        if any(r.kind == BASE and r.index in freed for r in s.relocs):
+            tags.add("stale-base")
+    return " ".join(sorted(tags)) or "valid"
+
+
+def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
+    """An entry names the kind and command (``cmd: "*"``: any); its optional ``match`` is a
+    regular expression the divergence's line must contain (e.g. one assert of one side)."""
+    return any(e["kind"] == kind and e["cmd"] in (cmd, "*")
+               and (e.get("match") is None or re.search(e["match"], line)) for e in allow)
 
 
 @dataclass
@@ -161,12 +193,12 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         if ka is not None and kb is not None and ka.same_bug(kb, command=False):
             return None  # both broke the same way: no difference
         cmd = (ka or kb).command
-        if _allowed(allow, "death", cmd):
-            return None
         side = [f"{lab}: {k.title() if k else 'survived'}" for lab, k in zip(labels, (ka, kb))]
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
+        if _allowed(allow, "death", cmd, line):
+            return None
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
     # Where a connection ended, as far as the wire proves it: the steps answered before the
     # end (the step at which a pipelined client *notices* a close depends on timing).
@@ -174,19 +206,23 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         # The cause lies between the last step both answered and the first one only one
         # side answered: the first mutated step there, else the first step there.
         lo = min(oa.proven, ob.proven, len(case.steps) - 1)
-        hi = min(max(oa.proven, ob.proven, lo + 1), len(case.steps))
+        # Both answered as much (only the status differs): any later step may be the cause.
+        hi = len(case.steps) if oa.proven == ob.proven else \
+            min(max(oa.proven, ob.proven, lo + 1), len(case.steps))
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
-        if not _allowed(allow, "close", cmd):
+        line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
+        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"
+                        + (" same-step" if oa.proven == ob.proven else "")):
             return Divergence(
-                Signature("divergence", "", f"close point: {labels[0]} {oa.status}, "
-                          f"{labels[1]} {ob.status}", cmd),
+                Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
                 f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
                 f"step {at}", at, case.steps[at])
     for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
         ra, rb = (_masked(cmd, _renamed(cmd, p), allow) for p in (pa, pb))
-        if ra != rb:
+        if ra != rb and not _allowed([e for e in allow if "match" in e], "answer", cmd,
+                                     f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}"):
             first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
                          min(len(ra), len(rb)))
             return Divergence(
@@ -435,12 +471,23 @@ def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = Non
                         deadline: float = 5.0, allow: Path | None = None) -> Divergence | None:
     """Run a saved case once against fresh A and B; the divergence it shows, or None."""
     case, _, _ = load(path)
+    return run_pair(case, a, b, dialect=dialect, deadline=deadline,
+                    allow=load_allow(allow))[0]
+
+
+def run_pair(case: Case, a: str, b: str, *, dialect: str | None = None, deadline: float = 5.0,
+             allow: list[dict] | None = None
+             ) -> tuple[Divergence | None, list[tuple[Verdict | None, Outcome]]]:
+    """Run ``case`` once against fresh A and B: the divergence (``allow``: the default
+    allow-list when None) and both sides' runs."""
     cfg = DifferentialConfig(a=a, b=b, dialect=dialect or case.dialect, deadline=deadline)
     with tempfile.TemporaryDirectory(prefix="harness-diff-") as tmp:
         pair = _Pair(cfg, Path(tmp))
         try:
             pair.start()
-            return compare(case, pair.run(case), pair.labels, load_allow(allow))
+            runs = pair.run(case)
+            return compare(case, runs, pair.labels,
+                           load_allow(None) if allow is None else allow), runs
         finally:
             pair.stop()
 

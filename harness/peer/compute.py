@@ -26,7 +26,10 @@ from .memory import Buffer
 # By name: ids come from the numbering of the dialect the graph was sent in.
 NUMPY_TYPES = {"f32": np.float32, "f16": np.float16, "i32": np.int32}
 NO_OPS = frozenset({"NONE", "RESHAPE", "VIEW", "PERMUTE", "TRANSPOSE"})
-SUPPORTED_OPS = NO_OPS | {"ADD", "MUL", "SCALE", "CPY", "DUP", "CONT", "MUL_MAT", "GET_ROWS"}
+BINARY_OPS = {"ADD": np.add, "SUB": np.subtract, "MUL": np.multiply, "DIV": np.divide}
+UNARY_OPS = {"SQR": np.square, "SQRT": np.sqrt}
+SUPPORTED_OPS = NO_OPS | set(BINARY_OPS) | set(UNARY_OPS) | {"SCALE", "CPY", "DUP", "CONT",
+                                                             "MUL_MAT", "GET_ROWS"}
 MAX_ELEMENTS = 1 << 28  # per operand: keeps a hostile graph from making numpy allocate GiBs
 
 
@@ -130,13 +133,20 @@ def execute(nodes: list[ServerTensor]) -> list[str]:
 
 def _execute_node(node: ServerTensor, op: str) -> str | None:
     dst_ne = node.rec.ne
-    if op in ("ADD", "MUL"):
+    if op in BINARY_OPS:
         a, b = _src(node, 0), _src(node, 1)
         if a.rec.ne != dst_ne or not _can_repeat(b.rec.ne, a.rec.ne):
             return "shapes do not broadcast"
         x = tensor_array(a).astype(np.float32)
         y = _repeat_to(tensor_array(b).astype(np.float32), x.shape)
-        _store(node, x + y if op == "ADD" else x * y)
+        with np.errstate(all="ignore"):  # x/0 and sqrt(-1) give inf / NaN, as in C
+            _store(node, BINARY_OPS[op](x, y))
+    elif op in UNARY_OPS:
+        a = _src(node, 0)
+        if a.rec.ne != dst_ne:
+            return "shape differs from its source"
+        with np.errstate(all="ignore"):
+            _store(node, UNARY_OPS[op](tensor_array(a).astype(np.float32)))
     elif op == "SCALE":
         a = _src(node, 0)
         if a.rec.ne != dst_ne:

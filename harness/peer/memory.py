@@ -3,6 +3,14 @@
 The real server hands out heap addresses; the reference server hands out synthetic ones from
 disjoint ranges, with guard gaps between buffers so an off-by-one region check can never land
 in a neighbour. All backing memory is accounted against one server-wide bound.
+
+Reuse after free follows what the real 7.0.0 and 8.0.0 servers showed (4 KiB and 1 MiB buffers,
+ALLOC, ALLOC, FREE, FREE, ALLOC, ALLOC), because it decides answers: a freed buffer's handle (a
+small fixed-size struct from malloc) is the next ALLOC_BUFFER's handle, last freed first, so a
+stale handle is live again on both servers; buffer memory is never handed out twice (the real
+bases were fresh each time), so a stale data pointer stays outside every buffer. Handles are
+HANDLE_STEP apart, far more than any small offset a client adds to one, so handle+k names no
+other buffer (on the real server the next struct is heap chunks away).
 """
 
 from __future__ import annotations
@@ -16,6 +24,7 @@ from .errors import PeerError
 
 HANDLE_BASE = 0x5A00_0000_0000  # buffer handles ("ggml_backend_buffer_t")
 DATA_BASE = 0x7A00_0000_0000  # buffer memory
+HANDLE_STEP = 1 << 20
 GUARD = 1 << 20  # unmapped gap after each buffer's memory
 ALIGNMENT = 32  # what the CPU backend reports
 
@@ -47,6 +56,7 @@ class MemoryPool:
         self.used = 0
         self._next_handle = HANDLE_BASE
         self._next_data = DATA_BASE
+        self._free_handles: list[int] = []  # freed, most recent last
         self._lock = threading.Lock()
 
     def allocate(self, size: int) -> Buffer:
@@ -54,8 +64,11 @@ class MemoryPool:
             if size > self.budget - self.used:
                 raise OutOfMemory(f"{size} bytes requested, {self.budget - self.used} available")
             self.used += size
-            handle = self._next_handle
-            self._next_handle += 0x100
+            if self._free_handles:
+                handle = self._free_handles.pop()
+            else:
+                handle = self._next_handle
+                self._next_handle += HANDLE_STEP
             if size == 0:
                 base = 0  # the CPU backend gives a zero-size buffer a NULL base
             else:
@@ -67,12 +80,14 @@ class MemoryPool:
         except MemoryError:
             with self._lock:
                 self.used -= size
+                self._free_handles.append(handle)
             raise OutOfMemory(f"host allocation of {size} bytes failed") from None
         return Buffer(handle, base, size, mem)
 
     def release(self, buf: Buffer) -> None:
         with self._lock:
             self.used -= buf.size
+            self._free_handles.append(buf.handle)
         buf.mem = np.zeros(0, dtype=np.uint8)
 
     @property
