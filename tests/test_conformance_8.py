@@ -90,3 +90,20 @@ def test_real_8_0_0_server_still_behaves_as_recorded(tmp_path):
     with start_peer_server(peer, workdir=tmp_path) as srv:
         assert not _wrong(run_all("127.0.0.1", srv.port, dialect="8.0.0", observe_wait=0.3))
         assert srv.poll() is None
+
+
+def test_a_2d_read_far_larger_than_its_buffer_closes_instead_of_hanging():
+    """stride 0 repeats one row n_copies times: the real 8.0.0 server cannot allocate a
+    2^40-byte answer (bad_alloc, close); the reference must close too, not build it."""
+    from harness.proto import messages as m
+    from harness.proto.tensor import RpcTensor
+    srv = _reference("8.0.0")
+    try:
+        with RawSession(srv.host, srv.port, dialect="8.0.0", timeout=10) as s:
+            s.hello()
+            h, base = s.alloc(256)
+            t = RpcTensor.make(id=1, ne=(64,), buffer=h, data=base)
+            s.request(m.GetTensor2DRequest(t, 0, 64, 1 << 34, 0))
+            assert s.observe(5.0)[0] == CLOSED
+    finally:
+        srv.stop()

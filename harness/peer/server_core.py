@@ -452,6 +452,13 @@ class Session:
 
     def _get_tensor_2d(self, msg):
         buf, start = self._span_2d(msg, Cmd.GET_TENSOR_2D, None)
+        total = msg.size * msg.n_copies
+        if total > self.state.config.max_payload:
+            # stride 0 repeats one region: the answer can be far larger than the buffer. The
+            # real server fails to allocate it (bad_alloc) and closes; so does the reference,
+            # at its payload bound, instead of building it.
+            raise Close(f"[get_tensor_2d] failed to allocate a {total}-byte answer",
+                        Cmd.GET_TENSOR_2D.value)
         return m.GetTensor2DResponse(b"".join(
             bytes(buf.view(start + i * msg.stride, msg.size)) for i in range(msg.n_copies)))
 
