@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
-from harness.fuzz.differential import (DifferentialConfig, answers, load_allow, run_differential,
-                                       run_pair)
+from harness.fuzz.differential import (answers, load_allow, run_pair)
 from harness.fuzz.execute import OK
 from harness.peer.memory import HANDLE_STEP, MemoryPool
 from harness.proto import get_dialect, pack_request
