@@ -50,8 +50,8 @@ def serve(
                                    "e.g. hello_flags=0x80, claim_cache_hit=true."),
 ):
     """Run the reference server as a standalone process (a real llama.cpp client can use it)."""
-    from .peer.server import run_server
-    from .peer.server_core import ServerConfig
+    from .reference.server import run_server
+    from .reference.server_core import ServerConfig
     from .proto import get_dialect
 
     if host not in ("127.0.0.1", "localhost"):
@@ -292,8 +292,8 @@ def parse_size(text: str) -> int:
 
 
 def parse_knobs(items: list[str]):
-    """NAME=VALUE pairs into a Misbehaviour (see harness.peer.knobs.parse_knobs)."""
-    from .peer.knobs import parse_knobs as parse
+    """NAME=VALUE pairs into a Misbehaviour (see harness.reference.knobs.parse_knobs)."""
+    from .reference.knobs import parse_knobs as parse
 
     try:
         return parse(items)
@@ -361,7 +361,7 @@ def print_peer_table(rows: list[dict], cache: Path) -> None:
 
 @peers_app.command("image")
 def peers_image(name: str = typer.Argument(..., help="A built pin (p3 ... p8) or its label."),
-                repository: str = typer.Option("ggml-rpc-harness/peer", "--repository",
+                repository: str = typer.Option("ggml-rpc-harness/reference", "--repository",
                                                help="Image repository; the tag is the pin's "
                                                     "cache key."),
                 force: bool = typer.Option(False, "--force", help="Re-import even if present.")):

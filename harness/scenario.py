@@ -20,8 +20,8 @@ from .proto import Cmd, Session
 
 if TYPE_CHECKING:  # pragma: no cover
     from .capture.transcript import Transcript
-    from .peer.client import RefClient
-    from .peer.knobs import Misbehaviour
+    from .reference.client import RefClient
+    from .reference.knobs import Misbehaviour
 
 WORKS = "works"
 DEGRADED = "works-degraded"

@@ -1,7 +1,7 @@
 import numpy as np
 
-from harness.peer.client import RefClient, ServerClosed, VersionRejected
-from harness.peer.comm import BF16_MIN_ELEMENTS, bf16_to_fp32, fp32_to_bf16
+from harness.reference.client import RefClient, ServerClosed, VersionRejected
+from harness.reference.comm import BF16_MIN_ELEMENTS, bf16_to_fp32, fp32_to_bf16
 from harness.proto import RpcTensor, get_dialect, ggml
 from harness.scenario import (FAILED, REJECTED, WORKS, Check, Observation, Scenario, Skip,
                               scenario)

@@ -1,5 +1,5 @@
-from harness.peer.client import ServerClosed, VersionRejected
-from harness.peer.knobs import Misbehaviour
+from harness.reference.client import ServerClosed, VersionRejected
+from harness.reference.knobs import Misbehaviour
 from harness.proto import RpcTensor, ggml
 from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
 

@@ -124,9 +124,9 @@ def assert_rdma_carried(client_stats: Path, server_stats: Path, payload: int,
 
 PYVERBS_SESSION = r"""
 import io, json, os, sys
-from harness.peer.client import RefClient
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.client import RefClient
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, ggml
 from harness.transport import rdma_emu
 from harness.transport.verbs import connect_verbs, verbs_listener
@@ -237,7 +237,7 @@ class PyverbsServer:
 FUZZ_WORKER = r"""
 import json, sys, time
 import numpy as np
-from harness.peer.client import RefClient, ServerClosed
+from harness.reference.client import RefClient, ServerClosed
 from harness.proto import RpcTensor, get_dialect, ggml
 from harness.proto import messages as m
 from harness.proto.codec import pack_request

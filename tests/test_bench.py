@@ -137,7 +137,7 @@ def test_kernel_self_check_is_what_runs():
 
 def test_small_hashes_do_not_load_numba():
     # the reference server's resident memory (and every process's start-up) depends on it
-    code = ("import sys; from harness.proto import fnv1a64; import harness.peer.server; "
+    code = ("import sys; from harness.proto import fnv1a64; import harness.reference.server; "
             "[fnv1a64(bytes(4096)) for _ in range(8)]; print('numba' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                        cwd=Path(__file__).resolve().parents[1], check=False)

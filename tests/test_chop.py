@@ -10,9 +10,9 @@ import pytest
 
 from harness.capture.canonical import canonical, first_divergence
 from harness.capture.proxy import RecordingProxy
-from harness.peer.client import RefClient
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.client import RefClient
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, ggml
 from harness.proto.constants import HASH_THRESHOLD
 from harness.transport.chop import Delivery, FaultProxy, _boundaries, _FrameCursor

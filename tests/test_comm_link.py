@@ -22,9 +22,9 @@ from harness.conformance.comm import (PAIR_CASES, mixed_servers, real_pair, real
 from harness.impls import loopback
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import free_port, start_peer_server
-from harness.peer import comm as link
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference import comm as link
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
 ROOT = Path(__file__).resolve().parents[1]

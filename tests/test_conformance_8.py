@@ -14,8 +14,8 @@ from harness.conformance.raw import CLOSED, OPEN, RawSession
 from harness.conformance.check import cases_for, run_all, run_case
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
 ROOT = Path(__file__).resolve().parents[1]

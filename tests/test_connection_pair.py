@@ -1,4 +1,4 @@
-"""The reference client and server through bytes in memory (harness.peer.pair): no sockets,
+"""The reference client and server through bytes in memory (harness.reference.pair): no sockets,
 no threads, no sleeps. The socket tests (test_refpeer.py) stay for the I/O layer; here the
 same sessions run single-threaded and must put the same bytes on the wire as over TCP."""
 
@@ -10,11 +10,11 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import make_fill
-from harness.peer.client import RefClient, ServerClosed, VersionRejected
-from harness.peer.knobs import Misbehaviour
-from harness.peer.pair import ConnectionPair
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.client import RefClient, ServerClosed, VersionRejected
+from harness.reference.knobs import Misbehaviour
+from harness.reference.pair import ConnectionPair
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import PRIMARY, RpcTensor, cache_file_name, fnv1a64, get_dialect, ggml
 from harness.proto.constants import HASH_THRESHOLD
 from harness.transport.tcp import TcpTransport

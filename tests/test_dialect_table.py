@@ -13,8 +13,8 @@ import types
 
 import pytest
 
-from harness.peer.profile import profile_for
-from harness.peer.server_core import Close, ServerConfig, ServerState, Session
+from harness.reference.profile import profile_for
+from harness.reference.server_core import Close, ServerConfig, ServerSession, ServerState
 from harness.proto import dialects, messages as m
 from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS,
                                      PEERS_8, PARTIAL,
@@ -119,7 +119,7 @@ def test_the_server_validates_types_in_the_rows_numbering():
     """Type 1 (f16) exists in the 7.0.0 numbering but not in the test dialect's."""
     tensor = RpcTensor(id=1, type=1, buffer=0, ne=(4, 1, 1, 1), nb=(2, 8, 8, 8), data=0)
     for d, ok in ((dialects.D900, True), (D_TEST, False)):
-        session = Session(ServerState(ServerConfig(dialect=d)))
+        session = ServerSession(ServerState(ServerConfig(dialect=d)))
         if ok:
             session.handle(m.InitTensorRequest(tensor))
         else:

@@ -18,7 +18,7 @@ import pytest
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
 from harness.fuzz.differential import (answers, load_allow, run_pair)
 from harness.fuzz.execute import OK
-from harness.peer.memory import HANDLE_STEP, MemoryPool
+from harness.reference.memory import HANDLE_STEP, MemoryPool
 from harness.proto import get_dialect, pack_request
 from harness.proto import ggml
 from harness.proto import messages as m

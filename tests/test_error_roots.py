@@ -1,4 +1,4 @@
-"""Every exception class of harness.proto, harness.peer and harness.transport derives from its
+"""Every exception class of harness.proto, harness.reference and harness.transport derives from its
 package's root, so a caller can catch any error of one package with one clause."""
 
 from __future__ import annotations
@@ -10,14 +10,14 @@ import types
 
 import pytest
 
-import harness.peer
+import harness.reference
 import harness.proto
 import harness.transport
-from harness.peer.errors import PeerError
+from harness.reference.errors import PeerError
 from harness.proto.errors import ProtocolError
 from harness.transport.base import TransportError
 
-ROOTS = [(harness.proto, ProtocolError), (harness.peer, PeerError),
+ROOTS = [(harness.proto, ProtocolError), (harness.reference, PeerError),
          (harness.transport, TransportError)]
 
 

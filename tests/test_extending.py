@@ -12,8 +12,8 @@ import dataclasses
 import pytest
 
 from harness.matrix.model import Matrix
-from harness.peer.client import VersionRejected
-from harness.peer.pair import ConnectionPair
+from harness.reference.client import VersionRejected
+from harness.reference.pair import ConnectionPair
 from harness.proto import dialects
 from harness.proto.behaviour import LOAD_OPT_PEERS_9, RDMA_V9
 from harness.proto.ggml import GGML_7

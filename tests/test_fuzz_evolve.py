@@ -13,8 +13,8 @@ from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
 from harness.fuzz.evolve import OPERATORS, Corpus, behaviour, mutate
 from harness.fuzz.execute import CLOSED, OK, Executor, Outcome
 from harness.fuzz.generate import steady_session
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect, pack_request
 from harness.proto import messages as m
 

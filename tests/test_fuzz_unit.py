@@ -22,9 +22,9 @@ from harness.fuzz.replay import load
 from harness.fuzz.case_runner import culprit
 from harness.fuzz.shrink import Budget, ddmin, minimise_case, save_reproducer
 from harness.fuzz.target import Signature, TargetError, TargetSpec, death_line, normalise
-from harness.peer.knobs import Misbehaviour
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.knobs import Misbehaviour
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, pack_request
 from harness.proto import messages as m
 
@@ -134,7 +134,7 @@ def test_death_line_prefers_the_assert_and_reads_python_tracebacks():
            "Expected HELLO command"]
     assert death_line(log) == "ggml.c:1787: GGML_ASSERT(x > y) failed"
     tb = ["Traceback (most recent call last):",
-          '  File "/srv/harness/peer/server_core.py", line 10, in _alloc_buffer',
+          '  File "/srv/harness/reference/server_core.py", line 10, in _alloc_buffer',
           "    x = y[3]", "KeyError: 3"]
     assert death_line(tb) == "KeyError: 3 at server_core.py:_alloc_buffer"
     assert death_line(["terminate called after throwing an instance of 'std::bad_alloc'"]) \

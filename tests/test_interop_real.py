@@ -16,8 +16,8 @@ from harness.conformance.check import VECTOR_OUTCOMES, run_all
 from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server, start_reference_server
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,9 +20,9 @@ from harness.capture.transcript import C2S, S2C
 from harness.impls.driver import ClientAborted, digest, make_fill
 from harness.impls.ref_client import RefClientDriver
 from harness.matrix.rdma import rdma_checks
-from harness.peer.knobs import Misbehaviour
-from harness.peer.server import ConnectionRecord, ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.knobs import Misbehaviour
+from harness.reference.server import ConnectionRecord, ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import PRIMARY, get_dialect
 from harness.transport import caps
 from harness.transport.rdma_emu import (

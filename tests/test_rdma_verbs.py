@@ -16,9 +16,9 @@ import types
 
 import pytest
 
-from harness.peer.client import RefClient
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.client import RefClient
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 from harness.transport import rdma_emu, verbs
 from harness.transport.softverbs import read_qp_stats

@@ -13,10 +13,10 @@ import pytest
 
 from harness.impls.driver import ClientAborted, digest, make_fill
 from harness.impls.ref_client import RefClientDriver
-from harness.peer.client import RefClient, VersionRejected
-from harness.peer.knobs import Misbehaviour
-from harness.peer.server import ReferenceServer
-from harness.peer.server_core import ServerConfig
+from harness.reference.client import RefClient, VersionRejected
+from harness.reference.knobs import Misbehaviour
+from harness.reference.server import ReferenceServer
+from harness.reference.server_core import ServerConfig
 from harness.proto import PRIMARY, RpcTensor, cache_file_name, fnv1a64, get_dialect, ggml
 from harness.proto.constants import HASH_THRESHOLD, SERVER_FLAG_CACHE
 from harness.proto.messages import SetTensorRequest

@@ -300,8 +300,8 @@ def _free_port() -> int:
 def reference_servers(dialect: str = "8.0.0", *, count: int = 2, comm_timeout: float = 5.0
                       ) -> Iterator[tuple[tuple[str, int], ...]]:
     """``count`` in-process reference servers (serial, as the real one)."""
-    from ..peer.server import ReferenceServer
-    from ..peer.server_core import ServerConfig
+    from ..reference.server import ReferenceServer
+    from ..reference.server_core import ServerConfig
     servers = [ReferenceServer(ServerConfig(get_dialect(dialect), comm_timeout=comm_timeout),
                                serial=True, out=io.StringIO(), err=io.StringIO())
                for _ in range(count)]

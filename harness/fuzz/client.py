@@ -2,7 +2,7 @@
 
 ``harness fuzz --target client:p7`` runs the peer's own ``libggml-rpc`` (the ctypes agent,
 :class:`~harness.impls.real_client.CtypesClientDriver`) through a realistic session against
-the reference server with misbehaviour knobs (:mod:`harness.peer.knobs`) drawn by
+the reference server with misbehaviour knobs (:mod:`harness.reference.knobs`) drawn by
 hypothesis: the HELLO flags byte and ``conn_caps`` (the shared flag mutations), the announced
 version, and response lengths (HELLO's, or any command's answer one byte longer), a close
 instead of an answer, a cache hit claimed without data.
@@ -41,9 +41,9 @@ from ..capture.proxy import RecordingProxy
 from ..impls.driver import ClientAborted, StepFailed
 from ..impls.real_client import ClientHung, CtypesClientDriver
 from ..impls.registry import PeerError, get_peer
-from ..peer.knobs import Misbehaviour
-from ..peer.server import ReferenceServer
-from ..peer.server_core import ServerConfig
+from ..reference.knobs import Misbehaviour
+from ..reference.server import ReferenceServer
+from ..reference.server_core import ServerConfig
 from ..proto import get_dialect
 from . import strategies as rst
 from .target import Signature, TargetError, normalise, signal_text

@@ -477,7 +477,7 @@ def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = Non
 
 def run_pair(case: Case, a: str, b: str, *, dialect: str | None = None, deadline: float = 5.0,
              allow: list[dict] | None = None
-             ) -> tuple[Divergence | None, list[tuple[Verdict | None, Outcome]]]:
+             ) -> tuple[Divergence | None, list[tuple[Finding | None, Outcome]]]:
     """Run ``case`` once against fresh A and B: the divergence (``allow``: the default
     allow-list when None) and both sides' runs."""
     cfg = DifferentialConfig(a=a, b=b, dialect=dialect or case.dialect, deadline=deadline)

@@ -40,7 +40,7 @@ from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
     start_reference_server
 from ..proto import Cmd, dialect_for_version, get_dialect
-from ..peer.knobs import parse_knobs
+from ..reference.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
 from . import sanitizer

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..peer.knobs import Misbehaviour
+from ..reference.knobs import Misbehaviour
 from ..proto.dialects import get_dialect
 from .driver import ClientDriver
 from .supervisor import ServerProcess, ServerStartError, start_peer_server, \

@@ -30,7 +30,7 @@ from pathlib import Path
 from .registry import PeerError, get_pin, manifest_problem, read_manifest
 
 IMAGE_FORMAT = 3  # bump when the image's layout changes: every tag changes with it
-DEFAULT_REPOSITORY = "ggml-rpc-harness/peer"
+DEFAULT_REPOSITORY = "ggml-rpc-harness/reference"
 APP_DIR = "/app"
 LABEL_PIN = "ggml-rpc-harness.pin"
 _LDD_LINE = re.compile(r"(?:=>\s*)?(/\S+)\s+\(0x[0-9a-f]+\)")

@@ -3,7 +3,7 @@
 Vocabulary (the same in the code, the CLI and the tests): a **real peer** is a llama.cpp build
 the harness can start (a pinned release, a variant of one, the prebuilt wheel, or a user's own
 build dir); ``harness peers`` manages them and ``tests/test_peers_*.py`` test them. The Python
-implementation in ``harness.peer`` is the **reference** (``ref``), never a "peer" alone.
+implementation in ``harness.reference`` is the **reference** (``ref``), never a "peer" alone.
 """
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import struct
 import time
 from dataclasses import dataclass, replace
 
-from ..peer.client import RefClient, ServerClosed, VersionRejected
-from ..peer.knobs import Misbehaviour
+from ..reference.client import RefClient, ServerClosed, VersionRejected
+from ..reference.knobs import Misbehaviour
 from ..proto import Cmd, ggml
 from ..proto.errors import ProtocolError
 from ..proto.tensor import RpcTensor, nbytes

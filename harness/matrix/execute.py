@@ -25,8 +25,8 @@ from ..impls.driver import ClientDriver, ExitInfo
 from ..impls.model_client import (LOAD_MODEL_SPEC, LOADPROF_ENV, ModelRun, ensure_shim,
                                   run_llama_simple, tiny_model)
 from ..impls.supervisor import ServerProcess, ServerStartError
-from ..peer.client import RefClient
-from ..peer.knobs import Misbehaviour, parse_knobs
+from ..reference.client import RefClient
+from ..reference.knobs import Misbehaviour, parse_knobs
 from ..proto import Session
 from ..scenario import (DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, REJECTED,
                         SCENARIOS, Observation, Scenario, Skip, handshake_facts)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import struct
 
 from ..capture.transcript import C2S, Transcript
-from ..peer.profile import HASH_ALWAYS, HASH_IF_FLAG, profile_for
+from ..reference.profile import HASH_ALWAYS, HASH_IF_FLAG, profile_for
 from ..proto import HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd, Session, get_dialect
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
 from ..proto.tensor import nbytes

@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import scenarios  # noqa: F401 - importing the package registers every scenario
 
-from ..peer.knobs import parse_knobs
+from ..reference.knobs import parse_knobs
 from ..proto.dialects import DIALECTS, get_dialect
 from ..scenario import OUTCOMES, SCENARIOS
 

@@ -13,9 +13,9 @@ import io
 from pathlib import Path
 
 from ..impls.driver import ExitInfo
-from ..peer.client import RefClient
-from ..peer.server import ReferenceServer
-from ..peer.server_core import ServerConfig
+from ..reference.client import RefClient
+from ..reference.server import ReferenceServer
+from ..reference.server_core import ServerConfig
 from ..proto import get_dialect
 from ..transport.rdma_core import RdmaOverrun, config_for_dialect
 from ..transport.rdma_endpoint import RdmaEmuEndpoint, RdmaEmuListener, connect_emu

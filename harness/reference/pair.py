@@ -2,7 +2,7 @@
 ConnectionPair): no sockets, no threads, no sleeps.
 
 The client runs over :class:`MemoryTransport`, which hands every byte it writes to the
-server's sans-IO :class:`~harness.peer.server_protocol.ServerProtocol` and, when the client
+server's sans-IO :class:`~harness.reference.server_protocol.ServerProtocol` and, when the client
 reads, lets the server process what it has and returns its responses. Everything runs in the
 caller's thread, so a session is deterministic; a read the server will never answer (a
 stalled server, or a client waiting for a response it did not ask for) raises

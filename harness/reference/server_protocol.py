@@ -1,15 +1,15 @@
 """One reference-server connection without I/O: bytes in, responses out.
 
 :class:`ServerProtocol` runs the sans-IO ``ServerConnection`` for framing and
-``server_core.Session`` for semantics, plus the dialect's receive policy and the server's
+``server_core.ServerSession`` for semantics, plus the dialect's receive policy and the server's
 misbehaviours. It never blocks (but in COMM_INIT / COMM_ALLREDUCE, which wait on the peer
-server, each wait with a deadline: harness.peer.comm), never raises for what the client sent (a
+server, each wait with a deadline: harness.reference.comm), never raises for what the client sent (a
 rule that makes the server close is recorded as ``close_reason``) and never holds a SET_TENSOR
 payload whole: the payload goes straight into the destination buffer, and a driver that owns a
 socket may receive it there itself (:meth:`payload_view` / :meth:`payload_received`).
 
 Drivers: ``ReferenceServer.serve_transport`` (any Transport, one thread per connection) and
-``harness.peer.pair.ConnectionPair`` (the reference client in the same thread, bytes in
+``harness.reference.pair.ConnectionPair`` (the reference client in the same thread, bytes in
 memory).
 """
 
@@ -27,7 +27,7 @@ from ..proto.constants import Cmd
 from ..proto.errors import ProtocolError
 from ..transport.base import TransportClosed
 from .profile import RECEIVE_STREAMED, Profile
-from .server_core import Close, ServerState, Session, SetTensorSink
+from .server_core import Close, ServerSession, ServerState, SetTensorSink
 
 DISCARD_CHUNK = 1 << 20  # scratch for payloads the old server reads only to drop them
 _LEAKED_FDS: list[int] = []  # knob leak_fd_per_connection: kept open for the process's life
@@ -80,7 +80,7 @@ class ServerProtocol:
         self.config = state.config
         self.knobs = state.config.knobs
         self.record = record
-        self.session = Session(state)
+        self.session = ServerSession(state)
         self.session.local_conn_caps = local_conn_caps
         self.streamed = profile.server_receive == RECEIVE_STREAMED
         # A streamed payload lands in a buffer, so nothing larger than all memory can fit.

@@ -4,4 +4,4 @@ from __future__ import annotations
 
 
 class PeerError(Exception):
-    """Base of every error ``harness.peer`` raises (codec errors stay ProtocolError)."""
+    """Base of every error ``harness.reference`` raises (codec errors stay ProtocolError)."""

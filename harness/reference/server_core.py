@@ -102,7 +102,7 @@ class SetTensorSink:
             self.cache_writer.abort()
 
 
-class Session:
+class ServerSession:
     """One client connection: its buffers and stored graphs."""
 
     def __init__(self, state: ServerState):
@@ -510,28 +510,28 @@ class Session:
 
 
 _HANDLERS = {
-    m.HelloRequest: Session._hello,
-    m.DeviceCountRequest: Session._device_count,
-    m.AllocBufferRequest: Session._alloc_buffer,
-    m.GetAlignmentRequest: Session._get_alignment,
-    m.GetMaxSizeRequest: Session._get_max_size,
-    m.GetDeviceMemoryRequest: Session._get_device_memory,
-    m.BufferGetBaseRequest: Session._buffer_get_base,
-    m.FreeBufferRequest: Session._free_buffer,
-    m.BufferClearRequest: Session._buffer_clear,
-    m.SetTensorRequest: Session._set_tensor,
-    m.SetTensorHashRequest: Session._set_tensor_hash,
-    m.GetTensorRequest: Session._get_tensor,
-    m.CopyTensorRequest: Session._copy_tensor,
-    m.InitTensorRequest: Session._init_tensor,
-    m.GetAllocSizeRequest: Session._get_alloc_size,
-    m.MemsetTensorRequest: Session._memset_tensor,
-    m.GraphComputeRequest: Session._graph_compute,
-    m.GraphRecomputeRequest: Session._graph_recompute,
-    m.SupportsOpRequest: Session._supports_op,
-    m.SetTensor2DRequest: Session._set_tensor_2d,
-    m.GetTensor2DRequest: Session._get_tensor_2d,
-    m.CommInitRequest: Session._comm_init,
-    m.CommAllreduceRequest: Session._comm_allreduce,
-    m.CommFreeRequest: Session._comm_free,
+    m.HelloRequest: ServerSession._hello,
+    m.DeviceCountRequest: ServerSession._device_count,
+    m.AllocBufferRequest: ServerSession._alloc_buffer,
+    m.GetAlignmentRequest: ServerSession._get_alignment,
+    m.GetMaxSizeRequest: ServerSession._get_max_size,
+    m.GetDeviceMemoryRequest: ServerSession._get_device_memory,
+    m.BufferGetBaseRequest: ServerSession._buffer_get_base,
+    m.FreeBufferRequest: ServerSession._free_buffer,
+    m.BufferClearRequest: ServerSession._buffer_clear,
+    m.SetTensorRequest: ServerSession._set_tensor,
+    m.SetTensorHashRequest: ServerSession._set_tensor_hash,
+    m.GetTensorRequest: ServerSession._get_tensor,
+    m.CopyTensorRequest: ServerSession._copy_tensor,
+    m.InitTensorRequest: ServerSession._init_tensor,
+    m.GetAllocSizeRequest: ServerSession._get_alloc_size,
+    m.MemsetTensorRequest: ServerSession._memset_tensor,
+    m.GraphComputeRequest: ServerSession._graph_compute,
+    m.GraphRecomputeRequest: ServerSession._graph_recompute,
+    m.SupportsOpRequest: ServerSession._supports_op,
+    m.SetTensor2DRequest: ServerSession._set_tensor_2d,
+    m.GetTensor2DRequest: ServerSession._get_tensor_2d,
+    m.CommInitRequest: ServerSession._comm_init,
+    m.CommAllreduceRequest: ServerSession._comm_allreduce,
+    m.CommFreeRequest: ServerSession._comm_free,
 }
