@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: matrix test test-fast peers install lint-workflows clean
+.PHONY: matrix test test-fast peers install system-deps lint-workflows clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -19,11 +19,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# Debian packages the peers and tests need (patch, libibverbs-dev, pyverbs, clang-16, docker.io,
+# chromium, tshark): installed when absent as root, else listed (.ci/system-deps).
+system-deps:
+	bash .ci/system-deps
+
 # p7 and p7f (p7 + the project's seed-000 patch) first with llama-simple (the model-load
 # clients), then every other pin, then the two variants tests/test_peers_variants.py runs (a
 # sanitizer and an RDMA build of p7, each its own entry; the RDMA one needs libibverbs-dev).
 # Cached builds are instant.
-peers: $(STAMP)
+peers: $(STAMP) system-deps
 	$(BIN)/harness peers build p7 --extra-target llama-simple
 	$(BIN)/harness peers build p7f --extra-target llama-simple
 	$(BIN)/harness peers build --all
@@ -36,11 +41,11 @@ peers: $(STAMP)
 MATRIX_ALLOW_SKIP ?= --allow-skip "runs natively only"
 
 matrix: peers
-	$(BIN)/harness matrix $(MATRIX_ALLOW_SKIP)
+	bash .ci/with-docker $(BIN)/harness matrix $(MATRIX_ALLOW_SKIP)
 
 # pytest exits 5 when a selection collects nothing; that is not a failure here.
 test: peers
-	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+	bash .ci/with-docker $(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS); rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
