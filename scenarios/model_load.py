@@ -9,6 +9,7 @@ GGML_RPC_LOADPROF=1 records. ``judge_model_runs`` is shared with the mixed-fleet
 """
 
 from harness.proto import client_accepts, get_dialect
+from harness.reference.compute import NO_OPS, SUPPORTED_OPS
 from harness.scenario import (DEGRADED, FAILED, WORKS, Check, Observation, Scenario, Skip,
                               scenario)
 
@@ -25,8 +26,9 @@ def model_client_skip(ctx) -> Skip | None:
     if ctx.server_kind == "ref" and client_accepts(get_dialect(ctx.client_dialect).version,
                                                    get_dialect(ctx.server_dialect).version):
         # (across majors the HELLO rejection comes first, so the cell still runs)
-        return Skip("the reference server computes ADD, MUL, SCALE, CPY, MUL_MAT and GET_ROWS "
-                    "only; a llama graph also needs RMS_NORM, ROPE, SOFT_MAX and GLU")
+        ops = ", ".join(sorted(op for op in SUPPORTED_OPS if op not in NO_OPS))
+        return Skip(f"the reference server computes {ops} only; a llama graph also needs "
+                    "RMS_NORM, ROPE, SOFT_MAX and GLU")
     return ctx.model_client_unavailable()
 
 
