@@ -36,27 +36,24 @@ class Adapter:
             return None
         if self.kind == "docker":
             return self._docker_unavailable()
+        return self._pin_unavailable()
+
+    def _pin_unavailable(self) -> str | None:
         from .registry import PeerError, get_peer
         try:
             peer = get_peer(self.pin)
         except PeerError as e:
             return str(e)
-        if not peer.available:
-            return f"{self.pin}: {peer.reason}"
-        return None
+        return f"{self.pin}: {peer.reason}" if not peer.available else None
 
     def _docker_unavailable(self) -> str | None:
         """Why this image cannot run here. Where Docker is required (CI), None: the start
         then fails with the same reason, so a missing engine fails the cell."""
         from .docker_adapter import docker_required
         if self.pin:  # the image is made from a built pin: without it the peer is missing
-            from .registry import PeerError, get_peer
-            try:
-                peer = get_peer(self.pin)
-            except PeerError as e:
-                return str(e)
-            if not peer.available:
-                return f"{self.pin}: {peer.reason}"
+            missing = self._pin_unavailable()
+            if missing:
+                return missing
         try:
             self.docker_image()
         except RuntimeError as e:  # no engine, pin not built, import refused, no such image
