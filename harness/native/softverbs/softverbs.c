@@ -782,8 +782,15 @@ static void sv_sleep_us(struct sv_qp *q, double us) {
     while (ppoll(&p, 1, &ts, NULL) < 0 && errno == EINTR) {}
 }
 
-/* IB spec: local ACK timeout = 4.096 us * 2^timeout; 0 = infinite (we use 2^31 us then). */
-static double sv_timeout_us(uint8_t t) { return t ? 4.096 * (double)(1ULL << (t > 31 ? 31 : t)) : 2147483648.0; }
+/* IB spec: local ACK timeout = 4.096 us * 2^timeout; 0 = infinite (we use 2^31 us then).
+ * Unlike an HCA the peer here is a process the scheduler may not run for a while: a retry
+ * waits at least SV_RETRY_FLOOR_US, so a loaded machine does not turn "not yet ready" into
+ * "retry exceeded" (a dead peer is still reported, only later). */
+#define SV_RETRY_FLOOR_US 500000.0
+static double sv_timeout_us(uint8_t t) {
+    double us = t ? 4.096 * (double)(1ULL << (t > 31 ? 31 : t)) : 2147483648.0;
+    return us < SV_RETRY_FLOOR_US ? SV_RETRY_FLOOR_US : us;
+}
 
 /* IB spec table of RNR NAK timer codes, in microseconds */
 static double sv_rnr_us(uint8_t code) {
