@@ -92,7 +92,7 @@ def test_knob_values_and_limits_round_trip():
 
 # ---------------------------------------------------------------- planted bugs, end to end
 
-def _campaign(tmp_path, target: str, oracles: dict, duration: float = 15, seed: int = 5):
+def _campaign(tmp_path, target: str, oracles: dict, duration: float = 30, seed: int = 5):
     out, report = run_campaign(CampaignConfig(target=target, duration=duration, seed=seed,
                                               out=tmp_path / "c", shrink_seconds=15,
                                               oracles=oracles))

@@ -189,7 +189,7 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
     _p7_target()
     folder, report = run_libfuzzer_campaign(LibFuzzerConfig(
-        target="p7", duration=45, seed=1, out=tmp_path / "r", seeds_valid=30,
+        target="p7", duration=75, seed=1, out=tmp_path / "r", seeds_valid=30,
         seeds_mutated=30, coverage=False))
     assert report["engine"] == "libfuzzer" and report["executions"] > 0
     assert report["edges_over_time"] and report["edges"] > 0
