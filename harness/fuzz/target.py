@@ -21,6 +21,7 @@ inside the target, which is then free to refuse it.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -56,6 +57,12 @@ class TargetError(RuntimeError):
 
 
 # ---------------------------------------------------------------- signatures
+
+
+@functools.cache
+def _loopback_shim():
+    """Built (or found in the cache) once per process: targets relaunch after every death."""
+    return ensure_loopback_shim()
 
 @dataclass(frozen=True)
 class Signature:
@@ -411,7 +418,7 @@ class Target:
                                           ready_timeout=self.ready_timeout)
         # Real servers run with the loopback bind shim: a fuzzed COMM_INIT (8.0.0+) makes a
         # real server listen on 0.0.0.0, which must stay 127.0.0.1 (spec 15.15).
-        loopback = ensure_loopback_shim()
+        loopback = _loopback_shim()
         if spec.kind == "peer":
             peer = get_peer(spec.peer or spec.name)
             if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no fault shim
