@@ -191,7 +191,9 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     folder, report = run_libfuzzer_campaign(LibFuzzerConfig(
         target="p7", duration=75, seed=1, out=tmp_path / "r", seeds_valid=30,
         seeds_mutated=30, coverage=False))
-    assert report["engine"] == "libfuzzer" and report["executions"] > 0
+    log = folder / "libfuzzer.log"
+    assert report["engine"] == "libfuzzer" and report["executions"] > 0, \
+        log.read_text()[-6000:] if log.exists() else report.get("errors")
     assert report["edges_over_time"] and report["edges"] > 0
     md = (folder / "report.md").read_text()
     assert "## In-process engine (libFuzzer)" in md and "Edges over time" in md
@@ -216,3 +218,22 @@ def test_cli_engine_option_refuses_what_it_cannot_run():
     ref = runner.invoke(app, ["fuzz", "--engine", "libfuzzer", "--target", "ref",
                               "--duration", "1s"])
     assert ref.exit_code == 2 and "pin built from sources" in ref.output
+
+
+def test_a_campaign_that_executes_nothing_says_so_and_keeps_the_log(tmp_path, monkeypatch):
+    """A fuzzer that never reaches its first status line is an error with its log, not a
+    clean zero-execution report."""
+    from types import SimpleNamespace
+
+    from harness.fuzz.libfuzzer import engine
+    silent = tmp_path / "silent-fuzzer"
+    silent.write_text("#!/bin/sh\necho 'INFO: Seed: 1' >&2\necho 'ERROR: planted' >&2\nexit 1\n")
+    silent.chmod(0o755)
+    monkeypatch.setattr(engine, "build_target",
+                        lambda *a, **k: SimpleNamespace(binary=silent))
+    folder, report = engine.run_libfuzzer_campaign(engine.LibFuzzerConfig(
+        target="p7", duration=1, seed=1, out=tmp_path / "r", seeds_valid=2, seeds_mutated=2,
+        coverage=False))
+    assert report["executions"] == 0
+    assert any("no executions" in e["error"] for e in report["errors"])
+    assert "ERROR: planted" in (folder / "libfuzzer.log").read_text()

@@ -412,9 +412,13 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                            "dialect": dialect, "statuses": {}, "coverage": {},
                            "rss_peak": 0}
     progress.findings = findings
-    if rc not in (0, 1) and not timeline.points:
-        progress.errors.append({"worker": 0, "error": f"libFuzzer exited {rc} before fuzzing; "
-                                f"see {work / 'libfuzzer.log'}"})
+    idle = not timeline.points or last["execs"] == 0
+    if idle:
+        # Nothing was executed: the log is the only account of why, so it is kept.
+        log = out / "libfuzzer.log"
+        shutil.copyfile(work / "libfuzzer.log", log)
+        progress.errors.append({"worker": 0, "error": f"libFuzzer (exit {rc}) reported no "
+                                f"executions in {fuzz_seconds:.0f} s; see {log}"})
     progress.started = time.time() - (time.monotonic() - started)
     report = build_report(cfg, spec, progress)
     report.update({
