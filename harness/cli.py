@@ -20,18 +20,49 @@ def _root() -> None:
 
 
 @app.command()
-def dialects():
-    """List the protocol dialects the codec and the reference peer speak."""
+def dialects(
+    as_json: bool = typer.Option(False, "--json", help="Every dialect's row as JSON."),
+):
+    """List the protocol dialects: what each puts on the wire, how its peers behave, and the
+    evidence for both (one row of harness/proto/dialects.py each)."""
+    import json
+    from dataclasses import asdict
+
+    from rich.table import Column
+
     from .proto import DIALECTS, PRIMARY
 
-    t = Table("dialect", "version", "commands", "HELLO caps", "server flags", "cache_flag",
-              "graph uid", "evidence")
+    if as_json:
+        rows = [{"name": d.name, "version": d.version_str, "primary": d.name in PRIMARY,
+                 "commands": {str(i): c.value for i, c in sorted(d.ids.items())},
+                 "hello_caps": d.hello_caps, "server_flags": d.server_flags,
+                 "cache_flag": d.cache_flag, "graph_uid": d.graph_uid,
+                 "peer": asdict(d.peer), "rdma": asdict(d.rdma),
+                 "numbering": d.numbering.name, "evidence": d.evidence}
+                for d in DIALECTS.values()]
+        typer.echo(json.dumps(rows, indent=1))
+        return
+
+    def name(d) -> str:
+        return ("* " if d.name in PRIMARY else "  ") + d.name
+
+    # two narrow tables rather than one wide one: both stay readable at 80 columns
+    wire = Table(Column("dialect", no_wrap=True), "version", "cmds", "HELLO caps", "srv flags", "cache_flag",
+                 "graph uid", title="On the wire")
+    peers = Table(Column("dialect", no_wrap=True), "client hash", "server receive", "zero copy",
+                  "HASH validates", "RDMA", "ggml", title="Peer behaviour")
     for d in DIALECTS.values():
-        t.add_row(("* " if d.name in PRIMARY else "  ") + d.name, d.version_str, str(len(d.ids)),
-                  _yn(d.hello_caps), _yn(d.server_flags), _yn(d.cache_flag), _yn(d.graph_uid),
-                  d.evidence)
-    console.print(t)
+        wire.add_row(name(d), d.version_str, str(len(d.ids)), _yn(d.hello_caps),
+                     _yn(d.server_flags), _yn(d.cache_flag), _yn(d.graph_uid))
+        peers.add_row(name(d), d.peer.client_hash, d.peer.server_receive,
+                      _yn(d.peer.client_zero_copy), _yn(d.peer.server_hash_checks_tensor),
+                      d.rdma.name, d.numbering.name)
+    console.print(wire)
+    console.print(peers)
     console.print("* = primary dialects (held to byte-exactness)")
+    console.print("Evidence:")
+    for d in DIALECTS.values():
+        console.print(f"  {d.name}: {d.evidence}", highlight=False)
 
 
 @app.command()

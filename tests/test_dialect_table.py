@@ -125,3 +125,27 @@ def test_the_server_validates_types_in_the_rows_numbering():
         else:
             with pytest.raises(Close, match="invalid tensor type received: 1"):
                 session.handle(m.InitTensorRequest(tensor))
+
+
+def test_dialects_command_shows_every_row_with_its_behaviour():
+    """`harness dialects` is the table itself: every row, wire switches and peer behaviour."""
+    import json
+    from dataclasses import asdict
+
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    from harness.proto import DIALECTS
+    out = CliRunner().invoke(app, ["dialects", "--json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["name"]: r for r in json.loads(out.output)}
+    assert set(rows) == set(DIALECTS)
+    for d in DIALECTS.values():
+        r = rows[d.name]
+        assert (r["server_flags"], r["graph_uid"], r["peer"], r["rdma"]["name"],
+                r["numbering"]) == (d.server_flags, d.graph_uid, asdict(d.peer), d.rdma.name,
+                                    d.numbering.name)
+        assert len(r["commands"]) == len(d.ids)
+    table = CliRunner().invoke(app, ["dialects"], env={"COLUMNS": "80"})
+    assert table.exit_code == 0 and "Peer behaviour" in table.output
+    assert all(name in table.output for name in DIALECTS)  # no name cut at 80 columns

@@ -1,5 +1,6 @@
-"""Every exception class of harness.proto, harness.reference and harness.transport derives from its
-package's root, so a caller can catch any error of one package with one clause."""
+"""Every exception class of harness.proto, harness.reference, harness.transport and
+harness.impls derives from its package's root, so a caller can catch any error of one
+package with one clause."""
 
 from __future__ import annotations
 
@@ -10,15 +11,17 @@ import types
 
 import pytest
 
+import harness.impls
 import harness.reference
 import harness.proto
 import harness.transport
+from harness.impls.errors import ImplError
 from harness.reference.errors import PeerError
 from harness.proto.errors import ProtocolError
 from harness.transport.base import TransportError
 
 ROOTS = [(harness.proto, ProtocolError), (harness.reference, PeerError),
-         (harness.transport, TransportError)]
+         (harness.transport, TransportError), (harness.impls, ImplError)]
 
 
 def strays(modules, root: type) -> list[str]:
