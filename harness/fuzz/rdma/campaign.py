@@ -86,7 +86,7 @@ class RdmaSession:
     """The target on the soft device and the fuzz worker; every process reaped on close."""
 
     def __init__(self, spec: TargetSpec, workdir: Path, *, deadline: float = 2.0,
-                 as_limit: int = 3 << 30):
+                 as_limit: int = 3 << 30, server_env: dict[str, str] | None = None):
         try:
             self.lib_dir = build_softverbs()
         except SoftverbsUnavailable as e:
@@ -98,7 +98,8 @@ class RdmaSession:
         self.server_stats.mkdir(parents=True, exist_ok=True)
         env = softverbs_env(self.lib_dir, stats_dir=self.server_stats)
         self.target = Target(spec, self.workdir / "target", as_limit=as_limit,
-                             env={k: env[k] for k in ("LD_LIBRARY_PATH", STATS_DIR_ENV)})
+                             env={k: env[k] for k in ("LD_LIBRARY_PATH", STATS_DIR_ENV)}
+                             | (server_env or {}))
         self.peer: FuzzPeer | None = None
         self.restarts = 0
         self.worker_restarts = 0

@@ -102,6 +102,10 @@ class RdmaCase:
         return lines
 
 
+def has_probe(case: RdmaCase) -> bool:
+    return [s.cmd for s in case.requests[-2:]] == ["SET_TENSOR", "GET_TENSOR"]
+
+
 def expected_probe(case: RdmaCase) -> bytes:
     """The bytes the probe's GET_TENSOR must return: the probe SET_TENSOR's data."""
     get = case.requests[-1]
@@ -276,7 +280,8 @@ def probe_steps(size: int, fill: int) -> list[Step]:
     d = get_dialect(DIALECT)
     t = RpcTensor.make(id=0x7F00, type=ggml.TYPE_I8, ne=(size,), buffer=sentinel(HANDLE, 1),
                        data=sentinel(BASE, 1))
-    data = bytes((fill + 31 * i) & 0xFF for i in range(size))
+    period = bytes((fill + 31 * i) & 0xFF for i in range(256))  # 31 * i mod 256: period 256
+    data = (period * (size // 256 + 1))[:size]
     return [step(pack_request(d, m.SetTensorRequest(t, 0, 0, data)), "SET_TENSOR"),
             step(pack_request(d, m.GetTensorRequest(t, 0, size)), "GET_TENSOR")]
 
@@ -372,16 +377,25 @@ def first_misfit(case: RdmaCase) -> tuple[str, str]:
     return f"{res.error.call_kind} read", cmd
 
 
-def response_sizes(case: RdmaCase) -> list[tuple[int, str]]:
-    """(payload size, command) of every answer the stream is due, in order (the spec's sizes,
-    from :func:`harness.fuzz.case.annotate`)."""
+def response_sizes(case: RdmaCase, live: dict | None = None,
+                   ) -> list[tuple[int, str, bytes | None]]:
+    """(payload size, command, exact payload or None) of every answer the stream is due, in
+    order: the spec's sizes (:func:`harness.fuzz.case.annotate`); with the ``live`` handles
+    and bases of the connection, a BUFFER_GET_BASE of a known buffer must answer its base."""
     # the server's reader has seen HELLO (said before the stream, like the setup)
     hello = step(hello_request_frame(case.dialect), "HELLO")
-    return [(size, s.cmd) for s in annotate(case.dialect, (hello, *case.requests)).steps[1:]
-            for size in s.expect]
+    out = []
+    for s in annotate(case.dialect, (hello, *case.requests)).steps[1:]:
+        want = None
+        if live is not None and s.cmd == Cmd.BUFFER_GET_BASE.value and s.relocs:
+            r = s.relocs[0]
+            if r.kind == HANDLE and r.addend == 0 and r.index < len(live[BASE]):
+                want = live[BASE][r.index].to_bytes(8, "little")
+        out += [(size, s.cmd, want) for size in s.expect]
+    return out
 
 
-__all__ = ["BUFFER_SIZES", "aligned", "DIALECT", "RECEIVERS", "SEND_PLANS", "RdmaCase", "SendPlan",
+__all__ = ["BUFFER_SIZES", "aligned", "has_probe", "DIALECT", "RECEIVERS", "SEND_PLANS", "RdmaCase", "SendPlan",
            "expected_probe", "first_misfit", "plan_catalogue", "predict", "probe_steps",
            "rdma_cases", "read_calls", "response_sizes", "send_plan", "unregister",
            "with_requests"]

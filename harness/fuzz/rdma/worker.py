@@ -57,7 +57,7 @@ def run_case(req: dict) -> dict:
     from ...proto import get_dialect
     from ...transport.rdma_emu import SendFramer
     from ..case import BASE, HANDLE, relocate
-    from .plans import RdmaCase, expected_probe, response_sizes
+    from .plans import RdmaCase, expected_probe, has_probe, response_sizes
     from ...reference.client import RefClient
 
     case = RdmaCase.from_json(req["case"])
@@ -94,14 +94,17 @@ def run_case(req: dict) -> dict:
             return {"verdict": "closed-by-us", "sent": pos}
         stage[0] = "response"
         payload = b""
-        for size, cmd in response_sizes(case):
+        for size, cmd, want in response_sizes(case, live):
             stage[0] = f"answer to {cmd}"
             n = int.from_bytes(_read_exact(ep, 8), "little")
             if n != size:
                 return {"verdict": "wrong-data", "at": cmd,
                         "why": f"{cmd} answered with a {n}-byte payload, the spec says {size}"}
             payload = _read_exact(ep, n)
-        if payload != expected_probe(case):
+            if want is not None and payload != want:
+                return {"verdict": "wrong-data", "at": cmd,
+                        "why": f"{cmd} answered {payload.hex()}, not {want.hex()}"}
+        if has_probe(case) and payload != expected_probe(case):
             diff = next((i for i, (a, b) in enumerate(zip(payload, expected_probe(case)))
                          if a != b), min(len(payload), len(expected_probe(case))))
             return {"verdict": "wrong-data", "at": "GET_TENSOR",
