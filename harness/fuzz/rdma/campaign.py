@@ -194,28 +194,33 @@ def _legal_verdict(case: RdmaCase, res: dict) -> tuple[str | None, Signature | N
     if verdict == "ok":
         return None, None, ""
     stage = res.get("stage", "")
-    cmd = res.get("at") or (stage[len("answer to "):] if stage.startswith("answer to ")
-                            else first_misfit(case)[1] or case.plan.get("what", "?"))
+    # as for deaths: the read a whole-completion receive overruns first, not the command whose
+    # answer went missing (every command after the overrun waits the same way)
+    read, cmd = first_misfit(case)
+    where = f"{stage}" + (f"; the first SEND off 7.0.0's reads lands in {cmd}'s {read}"
+                          if cmd else "")
     why = res.get("why", "")
     if verdict == "hang":
         return "hang", Signature("hang", "", "no answer within the deadline, the connection "
-                                 "stays open", cmd), f"{stage}: {why}"
+                                 "stays open", read), f"{where}: {why}"
     if verdict == "wrong-data":
-        line = "the probe read back differs" if "probe" in why else "an answer of the wrong size"
-        return "overrun", Signature("overrun", "", line, cmd), why
+        line = "the probe read back differs" if "probe" in why else \
+            "an answer of the wrong size or value"
+        return "overrun", Signature("overrun", "", line, read), f"{where}: {why}"
     if verdict == "closed":
         return "overrun", Signature("overrun", "", "the server closed a stream of valid "
-                                    "requests in legal SENDs", cmd), f"{stage}: {why}"
+                                    "requests in legal SENDs", read), f"{where}: {why}"
     if verdict == "rdma-error":
         return "rdma-error", Signature("rdma-error", "", normalise(why.split(" (wr_id")[0]),
-                                       cmd), why
+                                       read), f"{where}: {why}"
     return None, None, ""
 
 
 def same_finding(a: Signature | None, b: Signature | None) -> bool:
-    """Minimisation and replay keep a finding while kind, signal and line stay (the command
-    names where the first misfit SEND lands, which dropping requests moves)."""
-    return a is not None and b is not None and a.same_bug(b, command=False)
+    """Minimisation and replay keep a finding while its whole signature stays: kind, signal,
+    line and the read the first misfit SEND overruns (a shrink that moves the overrun to
+    another read, or makes a death of starvation one of overrun, is another finding)."""
+    return a is not None and b is not None and a.same_bug(b)
 
 
 # ---------------------------------------------------------------- minimisation
@@ -263,21 +268,28 @@ def minimise(session: RdmaSession, case: RdmaCase, sig: Signature, budget: float
 
 @dataclass
 class RdmaCampaignConfig:
-    target: str = "p7"
+    target: str = "p7"  # a pin or peer name; its +rdma build is fuzzed
+    plans: tuple[str, ...] | None = None  # only these SEND plans (default: every registered)
     duration: float = 600.0
+    deadline: float = 2.0  # seconds without an answer (or a SEND completion): a hang
     seed: int | None = None
-    out: Path | None = None
-    deadline: float = 2.0
     shrink_seconds: float = 60.0
+    out: Path | None = None
     keep_work: bool = False
     min_messages: int = 100
     as_limit: int = 3 << 30
-    plans: tuple[str, ...] | None = None  # only these SEND plans (default: every registered)
     round_examples: int = 50
     workers: int = 1  # one worker: every connection is its own QP pair and 4 device threads
 
     def to_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+
+
+def _round_settings(examples: int):
+    # generate only: a finding is minimised by the campaign's own shrinker, on the target
+    return settings(database=None, max_examples=examples, deadline=None,
+                    phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
+                    verbosity=Verbosity.quiet, print_blob=False)
 
 
 def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None = None,
@@ -331,9 +343,7 @@ def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None =
         session.start()
         round_no = 0
         while time.time() < end:
-            @settings(database=None, max_examples=cfg.round_examples, deadline=None,
-                      phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
-                      verbosity=Verbosity.quiet, print_blob=False)
+            @_round_settings(cfg.round_examples)
             @hyp_seed(seed * 1_000_003 + round_no)
             @given(rdma_cases(cfg.plans))
             def one_case(case):
@@ -386,6 +396,8 @@ def _save_finding(session: RdmaSession, cfg: RdmaCampaignConfig, case: RdmaCase,
     stats["shrink_attempts"] += attempts
     again = session.observe(small)  # confirmed on a fresh look
     confirmed = same_finding(again.signature, sig)
+    # the same requests on 7.0.0's own read boundaries: a receive-path finding leaves them ok
+    control = session.observe(aligned(small))
     if not confirmed:
         stats["unconfirmed"] += 1
     folder = Path(cfg.out) / "crashes" / sig.id
@@ -405,6 +417,7 @@ def _save_finding(session: RdmaSession, cfg: RdmaCampaignConfig, case: RdmaCase,
         "original_writes": len(case.writes), "original_sends": obs.result.get("sends"),
         "minimise_seconds": round(time.monotonic() - t0, 1), "shrink_attempts": attempts,
         "predicted": predict(small), "legal_plan": small.legal, "result": obs.result,
+        "aligned_control": control.kind or control.result["verdict"],
         "server_qp": obs.server_qp, "log_tail": obs.log_tail or [],
         "replay": replay, "replays": confirmed, "confirmed": confirmed,
         "reproducer_text": f"`{folder}/repro.json` (request frames, SEND plan, signature; "
@@ -478,6 +491,7 @@ def render_rdma_section(r: dict) -> str:
     for f in r["findings"]:
         lines += [f"* `{f['id']}` ({f['class']}): SEND plan {f['plan'].get('what')}, "
                   f"{f['original_writes']} -> {f['writes']} writes, "
-                  f"{f['original_steps']} -> {f['steps']} requests; the emulation predicts "
+                  f"{f['original_steps']} -> {f['steps']} requests; on 7.0.0's read "
+                  f"boundaries: {f['aligned_control']}; the emulation predicts "
                   + "; ".join(f"{k}: {v}" for k, v in f["predicted"].items())]
     return "\n".join(lines) + "\n"

@@ -298,14 +298,15 @@ def rdma_cases(draw, plans: tuple[str, ...] | None = None) -> RdmaCase:
     steps = [step(pack_request(d, r), r.cmd.value) for r in reqs]
     size = draw(st.one_of(st.integers(1, 4096), st.integers(4097, 600_000),
                           st.sampled_from((RDMA_CHUNK - 8, RDMA_CHUNK + 3))))
-    size = min(max(size, plan.min_probe), BUFFER_SIZES[1]) if plan.min_probe <= BUFFER_SIZES[1] \
-        else plan.min_probe
+    size = max(size, plan.min_probe)
     steps += probe_steps(size, draw(st.integers(0, 255)))
     writes, opts = plan.build(draw, [s.frame for s in steps])
     params = {k: v for k, v in opts.items() if k not in _OPTION_FIELDS}
     fields = {k: v for k, v in opts.items() if k in _OPTION_FIELDS}
-    return RdmaCase(requests=tuple(steps), writes=tuple(writes), plan={"what": plan.what,
-                                                                       **params}, **fields)
+    # buffer 1 holds the probe (a tensor beyond its buffer is refused on any transport)
+    buffers = (BUFFER_SIZES[0], max(BUFFER_SIZES[1], size))
+    return RdmaCase(requests=tuple(steps), writes=tuple(writes), buffers=buffers,
+                    plan={"what": plan.what, **params}, **fields)
 
 
 def _on_device_0(msg):
