@@ -185,6 +185,8 @@ class RdmaSession:
                 obs.result["verdict"] = "refused-stream"
         if obs.kind in ("death", "liveness"):
             self._restart()
+        else:
+            self.target.rss()  # the report's RSS peak (no memory oracle here)
         return obs
 
 
