@@ -566,6 +566,10 @@ def fuzz(
                                   "descriptors grow by this many across connections (0: off)."),
     spin_seconds: float = typer.Option(2.0, "--spin-seconds", help="Finding when one "
                                        "connection costs the target more CPU seconds (0: off)."),
+    transport: str = typer.Option("tcp", "--transport", help="tcp, or rdma-soft: the fuzzer is "
+                                  "the RDMA peer of the target's +rdma build on the soft verbs "
+                                  "device, its request streams cut into SENDs across the "
+                                  "server's reads (e.g. with --deadline 2)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -584,7 +588,7 @@ def fuzz(
                                   fail_on_findings=fail_on_findings,
                                   min_messages=min_messages, shard=shard,
                                   differential=differential, allow=allow,
-                                  engine=engine, oracles=oracles))
+                                  engine=engine, oracles=oracles, transport=transport))
 
 
 @app.command()
@@ -598,12 +602,16 @@ def replay(
         None, "--differential", help="A B: replay a divergence against both (instead of "
         "--target)."),
     allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list for --differential."),
+    transport: Optional[str] = typer.Option(None, "--transport", help="rdma-soft: replay an RDMA "
+                                            "finding over the soft verbs device (the default "
+                                            "for an RDMA repro.json)."),
 ):
     """Replay a saved finding against a fresh target. Exit 1 if it reproduces, 0 if not."""
     from .fuzz.cli import replay_command
 
     raise typer.Exit(replay_command(console, file, target=target, dialect=dialect,
-                                    deadline=deadline, differential=differential, allow=allow))
+                                    deadline=deadline, differential=differential, allow=allow,
+                                    transport=transport))
 
 
 @app.command("fuzz-merge")

@@ -10,6 +10,8 @@ from .report import DEFAULT_MIN_MESSAGES, campaign_problems
 from .target import TargetError
 
 CLIENT_PREFIX = "client:"
+RDMA_SOFT = "rdma-soft"  # the real RDMA transport over the project's soft verbs device
+TRANSPORTS = ("tcp", RDMA_SOFT)
 
 
 def fuzz_command(console: Console, *, target: str | None, dialect: str | None, duration: str,
@@ -18,7 +20,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  max_steps: int, keep_work: bool, fail_on_findings: bool = False,
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
-                 engine: str = "live", oracles: dict | None = None) -> int:
+                 engine: str = "live", oracles: dict | None = None,
+                 transport: str = "tcp") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -38,7 +41,21 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
     if engine not in ("live", "libfuzzer"):
         console.print(f"[red]unknown engine {engine!r}: live or libfuzzer")
         return 2
-    if differential is not None:
+    if transport not in TRANSPORTS:
+        console.print(f"[red]unknown transport {transport!r}: {' or '.join(TRANSPORTS)}")
+        return 2
+    if transport == RDMA_SOFT:
+        if differential is not None or engine != "live" or target.startswith(CLIENT_PREFIX):
+            console.print("[red]--transport rdma-soft fuzzes one server target with the live "
+                          "engine (no --differential, --engine libfuzzer or client:)")
+            return 2
+        from .rdma.campaign import RdmaCampaignConfig, run_rdma_campaign
+        cfg = RdmaCampaignConfig(target=target, duration=seconds, seed=seed, out=out,
+                                 deadline=deadline, shrink_seconds=shrink_seconds,
+                                 keep_work=keep_work, min_messages=min_messages,
+                                 as_limit=as_limit)
+        runner = run_rdma_campaign
+    elif differential is not None:
         from .differential import DifferentialConfig, run_differential
         cfg = DifferentialConfig(a=differential[0], b=differential[1], dialect=dialect,
                                  duration=seconds, seed=seed, out=out, deadline=deadline,
@@ -88,9 +105,15 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
 
 def replay_command(console: Console, file: Path, *, target: str | None, dialect: str | None,
                    deadline: float, differential: tuple[str, str] | None = None,
-                   allow: Path | None = None) -> int:
+                   allow: Path | None = None, transport: str | None = None) -> int:
     if (target is None) == (differential is None):
         console.print("[red]give either --target or --differential A B")
+        return 2
+    from .rdma.replay import reproducer_path
+    if transport == RDMA_SOFT or (transport is None and reproducer_path(file) is not None):
+        return _replay_rdma(console, file, target, deadline=deadline)
+    if transport not in (None, "tcp"):
+        console.print(f"[red]unknown transport {transport!r}: {' or '.join(TRANSPORTS)}")
         return 2
     if differential is not None:
         return _replay_differential(console, file, differential, dialect=dialect,
@@ -143,3 +166,18 @@ def _replay_differential(console: Console, file: Path, pair: tuple[str, str], *,
     console.print(f"{div.signature.title()}\n{div.detail}\nREPRODUCED", markup=False,
                   highlight=False, soft_wrap=True)
     return 1
+
+
+def _replay_rdma(console: Console, file: Path, target: str | None, *, deadline: float) -> int:
+    from .rdma.replay import replay_rdma
+
+    if target is None:
+        console.print("[red]--transport rdma-soft replays against one --target")
+        return 2
+    try:
+        result = replay_rdma(file, target, deadline=deadline)
+    except (TargetError, OSError, ValueError, KeyError) as e:
+        console.print(f"[red]cannot replay {file}: {e}", highlight=False)
+        return 2
+    console.print(result.summary(), markup=False, highlight=False, soft_wrap=True)
+    return 1 if result.reproduced else 0

@@ -268,8 +268,10 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
                           "was running when it happened, not minimised.", ""]
             via = (f" (hypothesis shrink: {f['hypothesis_shrunk_steps']})"
                    if f.get("hypothesis_shrunk_steps") else "")
-            lines += [f"Reproducer: `{folder}/repro.rpct` (pcap: `{folder}/repro.pcap`, "
-                      f"regression test: `{folder}/test_repro.py`), minimised from "
+            files = f.get("reproducer_text") or (
+                f"`{folder}/repro.rpct` (pcap: `{folder}/repro.pcap`, regression test: "
+                f"`{folder}/test_repro.py`)")
+            lines += [f"Reproducer: {files}, minimised from "
                       f"{f.get('original_steps', f['steps'])}{via} to {f['steps']} steps in "
                       f"{f.get('minimise_seconds', 0)} s.", "",
                       "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]

@@ -315,8 +315,9 @@ class Target:
     def __init__(self, spec: TargetSpec, workdir: Path, *, as_limit: int = DEFAULT_AS_LIMIT,
                  rss_limit: int = DEFAULT_RSS_LIMIT, host: str = "127.0.0.1",
                  ready_timeout: float = 30.0, fault_shim: bool = True, standby: bool = False,
-                 cache: bool = False):
+                 cache: bool = False, env: dict[str, str] | None = None):
         self.spec = spec
+        self.env = dict(env or {})  # added to a real server's environment (e.g. softverbs)
         self.cache = cache  # run with the hash cache on (-c), in <launch dir>/cache
         self.workdir = Path(workdir)
         self.as_limit = as_limit
@@ -429,7 +430,7 @@ class Target:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
             argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
-            env = preload_env(with_shim(env, _server_binary(argv)), loopback)
+            env = preload_env(with_shim(env | self.env, _server_binary(argv)), loopback)
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
                                        name=peer.name, host=self.host, workdir=workdir,
                                        ready_timeout=self.ready_timeout)
