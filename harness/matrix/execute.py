@@ -141,8 +141,11 @@ class CellContext:
         dialect = dialect or self.client_dialect
         factory = self._factory(dialect)
         if factory is None:
-            return RefClient.connect("127.0.0.1", self.port, dialect, timeout=self.step_timeout,
-                                     knobs=knobs)
+            client = RefClient.connect("127.0.0.1", self.port, dialect,
+                                       timeout=self.step_timeout, knobs=knobs)
+            if self.soft is not None:  # the harness's own client: its connection stays TCP
+                self.soft.tcp_clients.add(client.tr.sock.getsockname()[1])
+            return client
         client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
         if not (knobs and knobs.skip_hello):
             client.hello()
@@ -394,11 +397,13 @@ def cell_skip(job: PlannedCell) -> Skip | None:
 def _soft_skip(job: PlannedCell) -> Skip | None:
     reason = soft_unavailable(job.client.kind, job.server.kind)
     if reason:
-        real = {job.client.kind, job.server.kind} <= {"pin", "user"}
+        real = {job.client.kind, job.server.kind} <= {"pin", "user", "ref"}
         # with real peers in both roles only the device can be missing
         return Skip(reason, DEVICE_MISSING if real else NOT_APPLICABLE,
                     RDMA_SOFT if real else None)
     for adapter in (job.client, job.server):
+        if adapter.kind == "ref":
+            continue
         pin = rdma_pin(adapter.pin)
         reason = dc_replace(adapter, pin=pin).unavailable()
         if reason:

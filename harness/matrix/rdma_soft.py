@@ -14,6 +14,7 @@ in the transcript, no error completion, the generation's ring bounds.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import time
@@ -39,12 +40,15 @@ SOFTVERBS_VARS = ("LD_LIBRARY_PATH", "SOFTVERBS_STATS_DIR", "SOFTVERBS_CAPTURE_D
 SLOTS_RE = re.compile(r"RDMA probed: .* send slots=(\d+)")  # the seed-000 build's probe line
 
 
+REAL_KINDS = ("pin", "user")  # their RDMA builds; kind ref: pyverbs (harness.matrix.soft_ref)
+
+
 def unavailable(client_kind: str, server_kind: str) -> str | None:
     """Why a cell of these kinds has no rdma-soft form (None: it has)."""
     for kind in (client_kind, server_kind):
-        if kind not in ("pin", "user"):
-            return (f"rdma-soft cells run real RDMA builds in both roles; a {kind} peer has "
-                    "none here (reference peers over RDMA: rdma-emu)")
+        if kind not in (*REAL_KINDS, "ref"):
+            return (f"rdma-soft cells run RDMA builds or the reference peer on pyverbs; a {kind} "
+                    "peer has neither here")
     try:
         build_softverbs()
     except SoftverbsUnavailable as e:
@@ -63,12 +67,27 @@ class SoftRdmaAdapter(Adapter):
     env: dict[str, str] = field(default_factory=dict)  # softverbs + the cell's planted knobs
     client_env: dict[str, str] = field(default_factory=dict)
 
+    idle: float = 60.0  # a reference server's every wait
+
     def start_server(self, workdir: Path, cache_dir: Path | None,
                      env: dict[str, str] | None = None):
-        return super().start_server(workdir, cache_dir, env={**(env or {}), **self.env})
+        if self.kind != "ref":
+            return super().start_server(workdir, cache_dir, env={**(env or {}), **self.env})
+        from ..impls.supervisor import ServerProcess
+        from .soft_ref import server_argv
+        workdir.mkdir(parents=True, exist_ok=True)
+        # the real servers keep entries in <LLAMA_CACHE>/rpc; mirror that layout
+        return ServerProcess.start(
+            server_argv(self.dialect, cache_dir / "rpc" if cache_dir else None, self.idle),
+            {**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            name=f"reference-{self.dialect}-pyverbs".replace("+", "_"), workdir=workdir)
 
     def new_client(self, *, step_timeout: float = 60.0, knobs: Misbehaviour | None = None,
                    transport_factory=None) -> ClientDriver:
+        if self.kind == "ref":
+            from .soft_ref import SoftRefClientDriver
+            return SoftRefClientDriver(self.dialect, env=self.client_env,
+                                       step_timeout=step_timeout, name=self.name)
         from ..impls.real_client import CtypesClientDriver
         peer = self.peer()
         return CtypesClientDriver(peer.lib_dir, proto=peer.proto, step_timeout=step_timeout,
@@ -76,7 +95,6 @@ class SoftRdmaAdapter(Adapter):
 
 
 def _side_env(lib_dir: Path, qps: Path, extra: dict[str, str]) -> dict[str, str]:
-    qps.mkdir(parents=True, exist_ok=True)
     env = softverbs_env(lib_dir, stats_dir=qps, capture_dir=qps, log=True)
     return {k: env[k] for k in SOFTVERBS_VARS if k in env} | dict(extra)
 
@@ -98,6 +116,9 @@ class SoftRdmaCell:
     folder: Path
     client_env: dict[str, str] = field(default_factory=dict)  # planted knobs (tests)
     server_env: dict[str, str] = field(default_factory=dict)
+    # local ports of the harness's own TCP clients (a scenario's misbehaving reference client):
+    # their connections have no RDMA side; every other client of the cell must switch
+    tcp_clients: set[int] = field(default_factory=set)
 
     def __post_init__(self):
         self.lib_dir = build_softverbs()
@@ -105,14 +126,15 @@ class SoftRdmaCell:
         self.client_qps = self.folder / "qps-client"
         for d in (self.server_qps, self.client_qps):  # a re-run of the cell starts afresh
             shutil.rmtree(d, ignore_errors=True)
+            d.mkdir(parents=True)
 
     def adapter(self, base: Adapter) -> SoftRdmaAdapter:
         """``base``'s RDMA build, the soft device in its server's and clients' environment."""
         server = _side_env(self.lib_dir, self.server_qps, self.server_env)
         client = _side_env(self.lib_dir, self.client_qps, self.client_env)
         return SoftRdmaAdapter(name=base.name, kind=base.kind, dialect=base.dialect,
-                               pin=rdma_pin(base.pin), server_args=base.server_args,
-                               env=server, client_env=client)
+                               pin=rdma_pin(base.pin) if base.pin else None,
+                               server_args=base.server_args, env=server, client_env=client)
 
     # ------------------------------------------------------------ transcripts
     def _captures(self) -> tuple[dict[int, QpCapture], dict[int, QpCapture]]:
@@ -176,6 +198,8 @@ class SoftRdmaCell:
                 "client_send_bytes": c.send_bytes if c else 0,
                 "server_send_bytes": s.send_bytes if s else 0,
                 # device only
+                "tcp_client": tr.meta.get("client", [None, None])[1] in self.tcp_clients,
+                "server_activated": any(a == sq for a, _ in activated) if sq else False,
                 "client_qpn": cq, "server_qpn": sq, "tcp_bytes_after_hello": after_hello,
                 "captured": list(captured),
                 "problems": rdma_carried_problems(c, s, 0) if c and s else
@@ -186,6 +210,12 @@ class SoftRdmaCell:
     def checks(self, facts: list[dict], rejected: bool) -> list[Check]:
         out = []
         for i, f in enumerate(facts):
+            if f["tcp_client"]:  # the harness's own TCP client: RDMA must stay off
+                out.append(Check(f"conn {i}: the harness's TCP client stays on TCP",
+                                 not f["server_activated"] and not f["server_sends"],
+                                 f"server QP {f['server_qpn']}: activated "
+                                 f"{f['server_activated']}, {f['server_sends']} SENDs"))
+                continue
             if rejected:  # the client aborted at HELLO: nothing may have crossed a QP
                 out.append(Check(f"conn {i}: nothing after the rejected HELLO",
                                  f["tcp_bytes_after_hello"] == 0 and not f["client_sends"],
