@@ -217,6 +217,20 @@ def test_each_rdma_check_fails_on_its_planted_fact(tmp_path, plant, failing):
     assert [next(f for f in failing if f in c.name) for c in checks if not c.ok] == failing
 
 
+@pytest.mark.parametrize("plant,failing", [
+    ({}, []),
+    ({"server_activated": False}, ["only the server switched"]),
+    ({"switched": True}, ["only the server switched"]),
+    ({"client_sends": 1}, ["nothing after the rejected HELLO"]),
+    ({"tcp_bytes_after_hello": 9}, ["nothing after the rejected HELLO"]),
+])
+def test_a_rejected_hello_checks_its_planted_fact(tmp_path, plant, failing):
+    rejected = {"switched": False, "client_sends": 0, "server_sends": 0,
+                "client_send_bytes": 0, "server_send_bytes": 0, "captured": [0, 0]}
+    checks = SoftRdmaCell(tmp_path).checks([_facts(**rejected | plant)], rejected=True)
+    assert [next(f for f in failing if f in c.name) for c in checks if not c.ok] == failing
+
+
 def test_the_harness_tcp_client_must_leave_the_server_on_tcp(tmp_path):
     soft = SoftRdmaCell(tmp_path)
     ok = _facts(tcp_client=True, server_activated=False, server_sends=0)

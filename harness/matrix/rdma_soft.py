@@ -216,11 +216,16 @@ class SoftRdmaCell:
                                  f"server QP {f['server_qpn']}: activated "
                                  f"{f['server_activated']}, {f['server_sends']} SENDs"))
                 continue
-            if rejected:  # the client aborted at HELLO: nothing may have crossed a QP
-                out.append(Check(f"conn {i}: nothing after the rejected HELLO",
-                                 f["tcp_bytes_after_hello"] == 0 and not f["client_sends"],
-                                 f"{f['tcp_bytes_after_hello']} TCP bytes, "
-                                 f"{f['client_sends']} SENDs"))
+            if rejected:  # the client refused the version after the server switched (10.4)
+                out += [Check(f"conn {i}: only the server switched",
+                              f["server_activated"] and not f["switched"],
+                              f"server activated {f['server_activated']}, both "
+                              f"{f['switched']}"),
+                        Check(f"conn {i}: nothing after the rejected HELLO",
+                              f["tcp_bytes_after_hello"] == 0 and not f["client_sends"]
+                              and not f["server_sends"],
+                              f"{f['tcp_bytes_after_hello']} TCP bytes, SENDs "
+                              f"{f['client_sends']} / {f['server_sends']}")]
                 continue
             out += [
                 Check(f"conn {i}: both sides switched to RDMA after HELLO", f["switched"],
