@@ -86,7 +86,8 @@ def test_every_rdma_soft_cell_passes_over_the_queue_pairs(runs):
                 assert f["client_send_bytes"] == 0, (r["cell_id"], f)
             else:
                 assert f["switched"], (r["cell_id"], f)
-        if r["scenario"] == "roundtrip" and r["observed"] != "rejected-at-hello":  # 64 MiB and more went over the QPs, not TCP
+        if r["scenario"] == "roundtrip" and r["observed"] != "rejected-at-hello":
+            # 64 MiB and more went over the QPs, not TCP
             assert min(facts[0]["client_send_bytes"], facts[0]["server_send_bytes"]) > 64 << 20
         folder = runs["dir"] / r["folder"]
         assert list(folder.glob("qps-server/qp-*.json")), r["cell_id"]  # the evidence stays
@@ -181,7 +182,8 @@ def test_merge_puts_each_connections_qp_bytes_into_its_transcript(tmp_path):
     """Device captures become the transcript's c2s (what the server's QP received) and s2c
     (the client's), in time order; a record cut short (a killed process) is dropped."""
     soft = SoftRdmaCell(tmp_path)
-    _capture(soft.server_qps / "rx-10-222.bin", [(2.0, pack_request(D7, msgs.DeviceCountRequest()))])
+    _capture(soft.server_qps / "rx-10-222.bin",
+             [(2.0, pack_request(D7, msgs.DeviceCountRequest()))])
     _capture(soft.client_qps / "rx-11-111.bin",
              [(2.5, pack_response(D7, msgs.DeviceCountResponse(device_count=1)))])
     with (soft.client_qps / "rx-11-111.bin").open("ab") as f:

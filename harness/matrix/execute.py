@@ -142,12 +142,12 @@ class CellContext:
         factory = self._factory(dialect)
         if factory is None:
             client = RefClient.connect("127.0.0.1", self.port, dialect,
-                                       timeout=self.step_timeout, knobs=knobs)
+                                       timeout=self.step_timeout, knobs=knobs, hello=False)
             if self.soft is not None:  # the harness's own client: its connection stays TCP
                 self.soft.tcp_clients.add(client.tr.sock.getsockname()[1])
-            return client
-        client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
-        if not (knobs and knobs.skip_hello):
+        else:
+            client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
+        if not client.knobs.skip_hello:
             client.hello()
         return client
 

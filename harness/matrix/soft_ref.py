@@ -104,7 +104,8 @@ def _agent(a) -> int:
         drv = RefClientDriver(a.proto, timeout=a.idle, transport_factory=lambda h, p: connect_verbs(
             h, p, cfg, timeout=a.idle))
     except Exception as e:  # noqa: BLE001 - reported, then a clean non-zero exit
-        emit({"i": -1, "op": "ready", "ok": False, "result": {}, "error": f"{type(e).__name__}: {e}"})
+        emit({"i": -1, "op": "ready", "ok": False, "result": {},
+              "error": f"{type(e).__name__}: {e}"})
         return 2
     emit({"i": -1, "op": "ready", "ok": True, "error": "", "t0": t0, "t1": time.monotonic(),
           "result": {"pid": os.getpid(), "proto": a.proto, "transport": "pyverbs"}})
