@@ -25,15 +25,16 @@ system-deps:
 	bash .ci/system-deps
 
 # p7 and p7f (p7 + the project's seed-000 patch) first with llama-simple (the model-load
-# clients), then every other pin, then the two variants tests/test_peers_variants.py runs (a
-# sanitizer and an RDMA build of p7, each its own entry; the RDMA one needs libibverbs-dev).
-# Cached builds are instant.
+# clients), then every other pin, then the variants: a sanitizer build of p7, and the RDMA
+# builds of p7 and p7f (each its own entry; they need libibverbs-dev) that the matrix's
+# no-bump-rdma design and the soft-device tests run. Cached builds are instant.
 peers: $(STAMP) system-deps
 	$(BIN)/harness peers build p7 --extra-target llama-simple
 	$(BIN)/harness peers build p7f --extra-target llama-simple
 	$(BIN)/harness peers build --all
 	$(BIN)/harness peers build p7 --sanitize address,undefined
 	$(BIN)/harness peers build p7 --rdma
+	$(BIN)/harness peers build p7f --rdma
 
 # The one skip the run accepts, a known gap of the harness rather than a missing set-up step:
 # the model client (llama-simple) does not run from a container. Any other skip for a missing

@@ -117,6 +117,20 @@ ALLOW_SKIP_HELP = ("Accept cells skipped for this reason (repeatable or comma-se
                    "is missing fails the run.")
 
 
+TRANSPORT_HELP = ("Only cells on this transport (repeatable): tcp, rdma-emu (reference peers, "
+                  "emulated RDMA), rdma-verbs (reference peers, pyverbs on a device), rdma-soft "
+                  "(the pins' RDMA builds on the soft verbs device).")
+
+
+def _transports(items: list[str]) -> list[str] | None:
+    from .matrix.model import TRANSPORTS
+    for t in items:
+        if t not in TRANSPORTS:
+            raise typer.BadParameter(f"{t!r}: expected one of {', '.join(TRANSPORTS)}",
+                                     param_hint="--transport")
+    return items or None
+
+
 def _allow_skip(items: list[str]):
     from .matrix.skips import AllowSkip
     return AllowSkip.parse(items)
@@ -192,6 +206,7 @@ def run(
     server_role: str = typer.Argument(..., help="old-server or new-server"),
     design: list[str] = typer.Option([], "--design", help="bump / no-bump (default: all)."),
     scenario: list[str] = typer.Option([], "--scenario", help="Scenario id (repeatable)."),
+    transport: list[str] = typer.Option([], "--transport", help=TRANSPORT_HELP),
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out", help="Where run folders go."),
     workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
@@ -206,7 +221,7 @@ def run(
             raise typer.BadParameter(f"{r!r}: expected old-{kind} or new-{kind}")
     m = _load_matrix(matrix_file)
     cells = expand(m, designs=design or None, client_role=client_role, server_role=server_role,
-                   scenarios=scenario or None)
+                   scenarios=scenario or None, transports=_transports(transport))
     if not cells:
         console.print("[red]no cell matches")
         raise typer.Exit(2)
@@ -218,6 +233,7 @@ def run(
 def matrix(
     design: list[str] = typer.Option([], "--design", help="Only these designs."),
     scenario: list[str] = typer.Option([], "--scenario", help="Only these scenarios."),
+    transport: list[str] = typer.Option([], "--transport", help=TRANSPORT_HELP),
     releases: bool = typer.Option(True, "--releases/--no-releases",
                                   help="Also run every real build against every real build."),
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
@@ -230,8 +246,9 @@ def matrix(
     from .matrix.cells import expand, release_cells
 
     m = _load_matrix(matrix_file)
-    cells = expand(m, designs=design or None, scenarios=scenario or None)
-    if releases and not design:
+    cells = expand(m, designs=design or None, scenarios=scenario or None,
+                   transports=_transports(transport))
+    if releases and not design and not transport:  # the releases matrix is TCP only
         cells += release_cells(m)
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,

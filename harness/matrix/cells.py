@@ -54,8 +54,10 @@ def scenario_cache_options(matrix: Matrix, scenario: str) -> list[bool]:
 
 def expand(matrix: Matrix, *, designs: Iterable[str] | None = None,
            client_role: str | None = None, server_role: str | None = None,
-           scenarios: Iterable[str] | None = None) -> list[Cell]:
-    """All cells of the four-way designs, optionally narrowed by design, roles and scenarios."""
+           scenarios: Iterable[str] | None = None,
+           transports: Iterable[str] | None = None) -> list[Cell]:
+    """All cells of the four-way designs, optionally narrowed by design, roles, scenarios and
+    transports."""
     wanted = list(scenarios) if scenarios else matrix.scenarios
     cells = []
     for dname, design in matrix.designs.items():
@@ -65,7 +67,11 @@ def expand(matrix: Matrix, *, designs: Iterable[str] | None = None,
             if client_role and crole != client_role or server_role and srole != server_role:
                 continue
             for transport in design.transports or matrix.transports:
+                if transports and transport not in transports:
+                    continue
                 for scen in wanted:
+                    if design.scenarios is not None and scen not in design.scenarios:
+                        continue
                     for cache in scenario_cache_options(matrix, scen):
                         cells.append(Cell(dname, crole, srole, design.roles[crole],
                                           design.roles[srole], cache, scen, transport))

@@ -9,6 +9,7 @@ import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from pathlib import Path
 from typing import Callable
 
@@ -34,8 +35,11 @@ from ..transport.chop import Delivery, FaultProxy
 from .cells import RELEASES, Cell, expectation_for
 from .labels import client_label_mismatch, server_label_mismatch
 from .model import Expectation, Matrix
-from .rdma import InProcessRdmaServer, connection_checks
+from .rdma import RDMA_FACTS, InProcessRdmaServer, connection_checks, connection_facts
 from .rdma import unavailable as rdma_unavailable
+from .rdma_soft import TRANSPORT as RDMA_SOFT
+from .rdma_soft import SoftRdmaCell, rdma_pin
+from .rdma_soft import unavailable as soft_unavailable
 from .releases import predict
 from .verdict import ERROR, HANG, Verdict, describe, judge
 
@@ -90,6 +94,7 @@ class CellContext:
     fleet: list[FleetServer] = field(default_factory=list)  # servers a scenario started
     proxy_timeout: float = 600.0
     extra_servers: list = field(default_factory=list)  # second_server(): stopped with the cell
+    soft: SoftRdmaCell | None = None  # rdma-soft cells: what crossed the queue pairs
     # the labels scenarios read (harness.scenario.Context), from the two adapters
     client_dialect: str = field(init=False)
     server_dialect: str = field(init=False)
@@ -136,10 +141,13 @@ class CellContext:
         dialect = dialect or self.client_dialect
         factory = self._factory(dialect)
         if factory is None:
-            return RefClient.connect("127.0.0.1", self.port, dialect, timeout=self.step_timeout,
-                                     knobs=knobs)
-        client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
-        if not (knobs and knobs.skip_hello):
+            client = RefClient.connect("127.0.0.1", self.port, dialect,
+                                       timeout=self.step_timeout, knobs=knobs, hello=False)
+            if self.soft is not None:  # the harness's own client: its connection stays TCP
+                self.soft.tcp_clients.add(client.tr.sock.getsockname()[1])
+        else:
+            client = RefClient(factory("127.0.0.1", self.port), dialect, knobs=knobs)
+        if not client.knobs.skip_hello:
             client.hello()
         return client
 
@@ -147,7 +155,8 @@ class CellContext:
         if self.proxy is None:
             return [ep.transcript for ep in self.endpoints]
         self.proxy.wait_quiet(timeout=10.0)
-        return list(self.proxy.transcripts)
+        tcp = list(self.proxy.transcripts)
+        return self.soft.merge(tcp) if self.soft is not None else tcp
 
     def sessions(self) -> list[Session]:
         return [t.decode() for t in self.transcripts()]
@@ -336,6 +345,10 @@ class PlannedCell:
     server: Adapter
     client_knobs: Misbehaviour | None = None
     other_server: Adapter | None = None  # the design's other server role (mixed fleets)
+    # rdma-soft cells: variables for the real client's / server's process (planted knobs such
+    # as GGML_RPC_NO_RDMA=1, which the tests use to show the RDMA checks failing)
+    client_env: dict = field(default_factory=dict)
+    server_env: dict = field(default_factory=dict)
 
 
 def _row(job: PlannedCell, verdict: Verdict, obs: Observation | None, duration: float,
@@ -369,6 +382,8 @@ def cell_skip(job: PlannedCell) -> Skip | None:
         reason = adapter.unavailable()
         if reason:
             return Skip(reason, PEER_MISSING, adapter.pin or adapter.image or adapter.name)
+    if job.cell.transport == RDMA_SOFT:
+        return _soft_skip(job)
     if job.cell.transport != "tcp":
         reason = rdma_unavailable(job.cell.transport, job.client.kind, job.server.kind)
         if reason:
@@ -376,6 +391,24 @@ def cell_skip(job: PlannedCell) -> Skip | None:
             both_ref = job.client.kind == job.server.kind == "ref"
             return Skip(reason, DEVICE_MISSING if both_ref else NOT_APPLICABLE,
                         job.cell.transport if both_ref else None)
+    return None
+
+
+def _soft_skip(job: PlannedCell) -> Skip | None:
+    reason = soft_unavailable(job.client.kind, job.server.kind)
+    if reason:
+        real = {job.client.kind, job.server.kind} <= {"pin", "user", "ref"}
+        # with real peers in both roles only the device can be missing
+        return Skip(reason, DEVICE_MISSING if real else NOT_APPLICABLE,
+                    RDMA_SOFT if real else None)
+    for adapter in (job.client, job.server):
+        if adapter.kind == "ref":
+            continue
+        pin = rdma_pin(adapter.pin)
+        reason = dc_replace(adapter, pin=pin).unavailable()
+        if reason:
+            return Skip(f"{reason} (the RDMA build: `harness peers build {adapter.pin} --rdma`)",
+                        PEER_MISSING, pin)
     return None
 
 
@@ -404,15 +437,20 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
     if skip:
         return finish(judge(expect, None, skip=skip))
     cache_dir = folder / "cache" if cell.cache else None
-    proxy = None
+    proxy = soft = None
+    if cell.transport == RDMA_SOFT:  # the pins' RDMA builds, the soft device in their env
+        soft = SoftRdmaCell(folder, dict(job.client_env), dict(job.server_env))
+        job = dc_replace(job, client=soft.adapter(job.client), server=soft.adapter(job.server))
+        server = job.server
     try:
-        if cell.transport == "tcp":
+        if cell.transport in ("tcp", RDMA_SOFT):
             srv = server.start_server(folder / "server", cache_dir, env=LOADPROF_ENV)
         else:
             srv = InProcessRdmaServer(cell.transport, server.dialect, cache_dir, timeouts.idle)
     except (ServerStartError, OSError) as e:
         return finish(judge(expect, None, error=f"server did not start: {e}"))
-    if cell.transport == "tcp":
+    if cell.transport in ("tcp", RDMA_SOFT):
+        # (on rdma-soft it sees HELLO; the queue pairs carry the rest)
         # the proxy never times a connection out itself: the watchdog below decides on hangs
         proxy = RecordingProxy(("127.0.0.1", srv.port), idle_timeout=timeouts.deadline + 60,
                                deadline=timeouts.deadline + 60, keep=CELL_KEEP).start()
@@ -425,7 +463,8 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
                       client_knobs=job.client_knobs,
                       front_port=fault.port if fault else None,
                       connect=None if proxy else (lambda d: srv.connect(d, timeouts.idle)),
-                      other_server=job.other_server, proxy_timeout=timeouts.deadline + 60)
+                      other_server=job.other_server, proxy_timeout=timeouts.deadline + 60,
+                      soft=soft)
     obs: Observation | None = None
     failure: list[str] = []
     hang: str | None = None
@@ -450,7 +489,7 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
             now = time.monotonic()
             if now > deadline:
                 hang = f"no result within the cell deadline of {timeouts.deadline:.0f} s"
-            elif proxy is not None and proxy.idle_seconds() > timeouts.idle and \
+            elif proxy is not None and _idle(proxy, soft) > timeouts.idle and \
                     proxy.active_connections() > 0:
                 hang = f"no byte on the wire for {timeouts.idle:.0f} s with a connection open"
             if hang:
@@ -480,9 +519,19 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
             server_exit = final
         transcripts = proxy.stop() if proxy is not None else \
             [compact(t, CELL_KEEP) for t in ctx.transcripts()]
+        if soft is not None:
+            facts = soft.connection_facts(transcripts, srv.log_text(), job.client.dialect,
+                                          job.server.dialect)
+            transcripts = [compact(t, CELL_KEEP) for t in soft.merge(transcripts)]
+            soft.cleanup()
+            if obs is not None:
+                obs.checks += soft.checks(facts, expect.outcome == REJECTED)
+                obs.facts["rdma"] = [{k: f[k] for k in RDMA_FACTS} for f in facts]
+            (folder / "rdma.json").write_text(json.dumps(facts, indent=1, default=str))
         _write_artefacts(folder, transcripts, ctx, srv)
         if proxy is None and obs is not None:
             obs.checks += connection_checks(ctx.endpoints, srv, expect.outcome == REJECTED)
+            obs.facts["rdma"] = connection_facts(ctx.endpoints, srv)
             (folder / "rdma.json").write_text(json.dumps(
                 [ep.summary() for ep in ctx.endpoints + list(srv.listener.endpoints)],
                 indent=1, default=str))
@@ -490,6 +539,10 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
                     server_exit=server_exit)
     load = _load_profile(folder, transcripts, cell)
     return finish(verdict, obs, load)
+
+
+def _idle(proxy: RecordingProxy, soft: SoftRdmaCell | None) -> float:
+    return proxy.idle_seconds() if soft is None else min(proxy.idle_seconds(), soft.idle_seconds())
 
 
 def _write_artefacts(folder: Path, transcripts: list[Transcript], ctx: CellContext,

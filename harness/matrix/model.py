@@ -18,8 +18,11 @@ ROLES = ("old-client", "new-client", "old-server", "new-server")
 CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
          ("new-client", "old-server"), ("new-client", "new-server"))
 Outcome = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
-TRANSPORTS = ("tcp", "rdma-emu", "rdma-verbs")
-TransportName = Literal["tcp", "rdma-emu", "rdma-verbs"]
+# tcp: the real wire; rdma-emu: reference peers over the emulated RDMA transport; rdma-verbs:
+# reference peers over pyverbs on a real device; rdma-soft: the real RDMA builds of the pins
+# over softverbs, the project's software verbs device (docs/RDMA.md, section 4)
+TRANSPORTS = ("tcp", "rdma-emu", "rdma-verbs", "rdma-soft")
+TransportName = Literal["tcp", "rdma-emu", "rdma-verbs", "rdma-soft"]
 
 
 class _Strict(BaseModel):
@@ -64,6 +67,10 @@ class Implementation(_Strict):
 class Design(_Strict):
     description: str = ""
     transports: Optional[list[TransportName]] = None  # None: the matrix's transports
+    scenarios: Optional[list[str]] = None  # None: the matrix's scenarios
+    # an rdma-emu design whose cells predict this design's RDMA cells (same dialect in every
+    # role): tests/test_rdma_soft_matrix.py holds the two to the same verdicts and facts
+    emulation: Optional[str] = None
     roles: dict[Literal["old-client", "new-client", "old-server", "new-server"], str]
 
     @field_validator("roles")
@@ -130,6 +137,13 @@ class Matrix(_Strict):
                 want = role.split("-")[1]
                 if want not in self.implementations[impl].roles:
                     raise ValueError(f"designs.{dname}.roles.{role}: {impl} cannot play a {want}")
+        for dname, d in self.designs.items():
+            for s in d.scenarios or []:
+                if s not in self.scenarios:
+                    raise ValueError(f"designs.{dname}.scenarios: {s!r} is not in the matrix's "
+                                     "scenarios")
+            if d.emulation is not None:
+                self._check_emulation(dname, d)
         for s in self.scenarios + list(self.cache_options):
             if s not in SCENARIOS:
                 where = "scenarios" if s in self.scenarios else f"cache_options.{s}"
@@ -141,6 +155,20 @@ class Matrix(_Strict):
             if e.scenario is not None and e.scenario not in SCENARIOS:
                 raise ValueError(f"expectations.{i}.scenario: unknown scenario {e.scenario!r}")
         return self
+
+
+    def _check_emulation(self, dname: str, d: "Design") -> None:
+        emu = self.designs.get(d.emulation)
+        if emu is None:
+            raise ValueError(f"designs.{dname}.emulation: unknown design {d.emulation!r}")
+        if "rdma-emu" not in (emu.transports or self.transports):
+            raise ValueError(f"designs.{dname}.emulation: {d.emulation} has no rdma-emu cells")
+        for role in ROLES:
+            mine = self.implementations[d.roles[role]].proto
+            theirs = self.implementations[emu.roles[role]].proto
+            if mine != theirs:
+                raise ValueError(f"designs.{dname}.emulation: {role} speaks {mine} here, "
+                                 f"{theirs} in {d.emulation}")
 
 
 class MatrixError(ValueError):

@@ -128,6 +128,33 @@ def rdma_checks(client: RdmaEmuEndpoint, server: RdmaEmuEndpoint, *,
     return out
 
 
+# Per-connection RDMA facts both RDMA runners state (rdma-emu here, rdma-soft from the soft
+# device's counters in harness.matrix.rdma_soft), kept in a cell's facts as "rdma"
+RDMA_FACTS = ("switched", "no_overrun", "ring_kept", "client_sends", "server_sends",
+              "client_send_bytes", "server_send_bytes")
+
+
+def connection_facts(client_endpoints: list, server: InProcessRdmaServer) -> list[dict]:
+    servers = {ep.qpn: ep for ep in server.listener.endpoints}
+    out = []
+    for client in client_endpoints:
+        srv = servers.get(client.wire.peer_qpn)
+        if srv is None:
+            out.append({k: None for k in RDMA_FACTS})
+            continue
+        checks = rdma_checks(client, srv, expect_rdma=False)
+
+        def ok(part: str) -> bool:
+            return all(c.ok for c in checks if part in c.name)
+        out.append({"switched": client.active and srv.active,
+                    "no_overrun": ok("no receive overrun"),
+                    "ring_kept": ok("in flight <= slots") and ok("ring never over-filled"),
+                    "client_sends": client.stats.sends, "server_sends": srv.stats.sends,
+                    "client_send_bytes": client.stats.send_bytes,
+                    "server_send_bytes": srv.stats.send_bytes})
+    return out
+
+
 def connection_checks(client_endpoints: list, server: InProcessRdmaServer,
                       rejected: bool) -> list[Check]:
     """RDMA-specific checks on every connection: both sides switched after HELLO (after a

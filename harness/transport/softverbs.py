@@ -12,6 +12,8 @@ from one).
   the device's counters directory, log switch and addresses).
 * :func:`read_qp_stats` reads the counters every queue pair keeps in that directory: the
   proof that a payload went over RDMA and not over the TCP socket.
+* :func:`read_capture` reads what every queue pair received (``capture_dir``): the bytes that
+  crossed the QPs, which no TCP proxy sees.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -43,6 +46,7 @@ STATS_DIR_ENV = "SOFTVERBS_STATS_DIR"
 LOG_ENV = "SOFTVERBS_LOG"
 ADDRS_ENV = "SOFTVERBS_ADDRS"
 MEMLOCK_ENV = "SOFTVERBS_MEMLOCK"
+CAPTURE_ENV = "SOFTVERBS_CAPTURE_DIR"
 INSTALL_HINT = "apt-get install libibverbs-dev (the verbs headers; .ci/system-deps does it)"
 
 
@@ -104,6 +108,7 @@ def build_softverbs(*, cc: str | None = None, out_dir: str | os.PathLike | None 
 
 def softverbs_env(lib_dir: str | os.PathLike, *, stats_dir: str | os.PathLike | None = None,
                   log: bool = False, addrs: str | None = None, memlock: int | None = None,
+                  capture_dir: str | os.PathLike | None = None,
                   base: dict[str, str] | None = None) -> dict[str, str]:
     """The environment of a process that is to see the soft device instead of rdma-core's.
 
@@ -114,7 +119,8 @@ def softverbs_env(lib_dir: str | os.PathLike, *, stats_dir: str | os.PathLike | 
     old = env.get("LD_LIBRARY_PATH")
     env["LD_LIBRARY_PATH"] = str(lib_dir) + (os.pathsep + old if old else "")
     for key, value in ((STATS_DIR_ENV, stats_dir), (ADDRS_ENV, addrs),
-                       (MEMLOCK_ENV, memlock), (LOG_ENV, "1" if log else None)):
+                       (MEMLOCK_ENV, memlock), (LOG_ENV, "1" if log else None),
+                       (CAPTURE_ENV, capture_dir)):
         if value is None:
             env.pop(key, None)
         else:
@@ -151,6 +157,39 @@ def read_qp_stats(stats_dir: str | os.PathLike) -> list[QpStats]:
         if text.strip():
             out.append(QpStats(**json.loads(text)))
     return sorted(out, key=lambda s: (s.pid, s.qpn))
+
+
+_CAPTURE_REC = struct.Struct("<dI")  # softverbs.c sv_capture(): time, length, then the data
+
+
+@dataclass(frozen=True)
+class QpCapture:
+    """What one queue pair received, one (wall-clock time, bytes) per SEND, in order."""
+    pid: int
+    qpn: int
+    sends: list[tuple[float, bytes]]
+
+    @property
+    def data(self) -> bytes:
+        return b"".join(d for _, d in self.sends)
+
+
+def read_capture(capture_dir: str | os.PathLike) -> dict[int, QpCapture]:
+    """Every queue pair's received SENDs in ``capture_dir``, by QPN (unique on the machine
+    while the QPs exist). A record cut short by a process killed mid-write is dropped."""
+    out = {}
+    for p in sorted(Path(capture_dir).glob("rx-*-*.bin")):
+        pid, qpn = (int(x) for x in p.stem.split("-")[1:3])
+        raw, pos, sends = p.read_bytes(), 0, []
+        while pos + _CAPTURE_REC.size <= len(raw):
+            t, n = _CAPTURE_REC.unpack_from(raw, pos)
+            pos += _CAPTURE_REC.size
+            if pos + n > len(raw):
+                break
+            sends.append((t, raw[pos:pos + n]))
+            pos += n
+        out[qpn] = QpCapture(pid, qpn, sends)
+    return out
 
 
 ACTIVATED_RE = re.compile(r"RDMA activated: qpn=(\d+)->(\d+)")  # ggml-rpc's own log line
@@ -191,10 +230,12 @@ __all__ = [
     "ACTIVATED_RE",
     "DEVICE_NAME",
     "LIB_NAME",
+    "QpCapture",
     "QpStats",
     "SoftverbsUnavailable",
     "build_softverbs",
     "rdma_carried_problems",
+    "read_capture",
     "read_qp_stats",
     "softverbs_env",
 ]

@@ -24,6 +24,9 @@
  * test can prove the payload went over this device. $SOFTVERBS_LOG=1: state changes on stderr.
  * $SOFTVERBS_MEMLOCK: byte limit on registered memory per process (as RLIMIT_MEMLOCK would be
  * for an unprivileged user), to exercise registration failures.
+ * $SOFTVERBS_CAPTURE_DIR: each QP appends every SEND it received to <dir>/rx-<pid>-<qpn>.bin as
+ * records <f64 CLOCK_REALTIME seconds><u32 length><data>: the device's packet capture, since no
+ * TCP proxy sees what crosses a queue pair.
  */
 #define _GNU_SOURCE
 #include <infiniband/verbs.h>
@@ -68,6 +71,7 @@ static int sv_ngids;
 static pthread_once_t sv_once = PTHREAD_ONCE_INIT;
 static int sv_log_on;
 static const char *sv_stats_dir;
+static const char *sv_capture_dir;
 static long long sv_memlock = -1;
 static atomic_llong sv_registered;
 
@@ -94,6 +98,8 @@ static void sv_init(void) {
     sv_log_on = getenv("SOFTVERBS_LOG") && *getenv("SOFTVERBS_LOG") && strcmp(getenv("SOFTVERBS_LOG"), "0");
     sv_stats_dir = getenv("SOFTVERBS_STATS_DIR");
     if (sv_stats_dir && !*sv_stats_dir) sv_stats_dir = NULL;
+    sv_capture_dir = getenv("SOFTVERBS_CAPTURE_DIR");
+    if (sv_capture_dir && !*sv_capture_dir) sv_capture_dir = NULL;
     if (getenv("SOFTVERBS_MEMLOCK")) sv_memlock = atoll(getenv("SOFTVERBS_MEMLOCK"));
 
     memset(&sv_device, 0, sizeof(sv_device));
@@ -202,6 +208,7 @@ struct sv_qp {
     pthread_t req_thread, resp_thread;
     struct sv_stats st;
     int stats_fd;
+    int capture_fd;
 };
 
 static struct sv_pd *to_pd(struct ibv_pd *p) { return (struct sv_pd *)p; }
@@ -925,6 +932,20 @@ static void *sv_requester(void *arg) {
 }
 
 /* Responder: answer one REQ on the incoming connection. -1 drops the connection. */
+/* One capture record for a SEND that landed, written before its completion is seen, so the
+ * application has not touched the RECV yet; one writev per record (O_APPEND). */
+static void sv_capture(struct sv_qp *q, const struct iovec *data, int niov, uint64_t len) {
+    if (q->capture_fd < 0) return;
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    double t = (double)ts.tv_sec + ts.tv_nsec / 1e9;
+    uint32_t n = (uint32_t)len;
+    struct iovec iov[SV_MAX_SGE + 2] = {{&t, sizeof(t)}, {&n, sizeof(n)}};
+    for (int i = 0; i < niov; i++) iov[i + 2] = data[i];
+    ssize_t w = writev(q->capture_fd, iov, niov + 2);
+    (void)w;
+}
+
 static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_t src_qpn) {
     struct sv_msg a = {MSG_DROP, 0, 0, 0, 0};
     struct iovec iov[SV_MAX_SGE];
@@ -981,14 +1002,16 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
     if (sv_send_msg(q, fd, &a) != 0) return -1;
     if (a.type != MSG_CTS) return 0;
     uint64_t landed = 0;
-    for (int i = 0; i < niov; i++) landed += iov[i].iov_len;
-    if ((niov && sv_io_all(q, fd, iov, niov, 0) != 0) || sv_discard(q, fd, req->len - landed) != 0) {
+    struct iovec landing[SV_MAX_SGE]; /* sv_io_all consumes its iovec; the capture needs it */
+    for (int i = 0; i < niov; i++) landed += iov[i].iov_len, landing[i] = iov[i];
+    if ((niov && sv_io_all(q, fd, landing, niov, 0) != 0) || sv_discard(q, fd, req->len - landed) != 0) {
         pthread_mutex_lock(&q->lock); /* the requester vanished mid-message: the RECV is lost */
         sv_complete(q, q->qp.recv_cq, wr_id, IBV_WC_WR_FLUSH_ERR, IBV_WC_RECV, 0);
         sv_to_error(q);
         pthread_mutex_unlock(&q->lock);
         return -1;
     }
+    sv_capture(q, iov, niov, landed);
     pthread_mutex_lock(&q->lock);
     q->rq_psn = (q->rq_psn + sv_npkts(q, req->len)) & 0xffffff;
     q->st.recvs++;
@@ -1052,7 +1075,7 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
     if (c->max_recv_sge < 1) c->max_recv_sge = 1;
     q->cap = *c;
     q->sq_sig_all = ia->sq_sig_all;
-    q->listen_fd = q->in_fd = q->out_fd = q->wake_fd = q->stats_fd = -1;
+    q->listen_fd = q->in_fd = q->out_fd = q->wake_fd = q->stats_fd = q->capture_fd = -1;
     if (sv_queue_init(&q->sq, (int)c->max_send_wr) || sv_queue_init(&q->rq, (int)c->max_recv_wr)) goto fail;
     q->wake_fd = eventfd(0, EFD_CLOEXEC);
     q->listen_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -1088,6 +1111,11 @@ SV_EXPORT struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_att
         q->stats_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
         sv_stats_write(q);
     }
+    if (sv_capture_dir) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/rx-%d-%u.bin", sv_capture_dir, (int)getpid(), qpn);
+        q->capture_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    }
     if (pthread_create(&q->req_thread, NULL, sv_requester, q) != 0) goto fail;
     if (pthread_create(&q->resp_thread, NULL, sv_responder, q) != 0) {
         pthread_mutex_lock(&q->lock);
@@ -1105,6 +1133,7 @@ fail:;
     if (q->listen_fd >= 0) close(q->listen_fd);
     if (q->wake_fd >= 0) close(q->wake_fd);
     if (q->stats_fd >= 0) close(q->stats_fd);
+    if (q->capture_fd >= 0) close(q->capture_fd);
     free(q->sq.wr);
     free(q->rq.wr);
     free(q);
@@ -1128,6 +1157,7 @@ SV_EXPORT int ibv_destroy_qp(struct ibv_qp *qp) {
     if (q->out_fd >= 0) close(q->out_fd);
     close(q->wake_fd);
     if (q->stats_fd >= 0) close(q->stats_fd);
+    if (q->capture_fd >= 0) close(q->capture_fd);
     while (q->sq.count) sv_queue_pop(&q->sq);
     free(q->sq.wr);
     free(q->rq.wr);
