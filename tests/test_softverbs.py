@@ -53,6 +53,9 @@ def test_rc_semantics(semantics, lib_dir, case, tmp_path):
     ("SOFTVERBS_PLANT_NO_RNR", "rnr_retry_exceeded", ["expected RNR retry counter exceeded"]),
     ("SOFTVERBS_PLANT_TRUNCATE", "length_error", ["status success, expected local length error",
                                                   "status success, expected remote invalid"]),
+    # the receiver's error completion before its NAK: the receiver exits on the completion,
+    # the NAK never leaves, and the sender times out instead of seeing the remote error
+    ("SOFTVERBS_PLANT_LATE_ANSWER", "protection_error", ["expected remote operation error"]),
 ])
 def test_rc_semantics_catch_a_planted_fault(semantics, define, case, symptoms, tmp_path):
     planted = softverbs_lib_dir((define,))

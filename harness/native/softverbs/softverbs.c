@@ -946,11 +946,24 @@ static void sv_capture(struct sv_qp *q, const struct iovec *data, int niov, uint
     (void)w;
 }
 
+/* The head RECV (wr_id) failed with err: its completion, then the QP to error. */
+static void sv_fail_head(struct sv_qp *q, uint64_t wr_id, enum ibv_wc_status err) {
+    pthread_mutex_lock(&q->lock);
+    /* the head RECV is still ours unless the QP failed meanwhile (and flushed it) */
+    if (q->qp.state != IBV_QPS_ERR && q->rq.count && sv_queue_head(&q->rq)->wr_id == wr_id) {
+        sv_complete(q, q->qp.recv_cq, wr_id, err, IBV_WC_RECV, 0);
+        sv_queue_pop(&q->rq);
+    }
+    sv_to_error(q);
+    pthread_mutex_unlock(&q->lock);
+}
+
 static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_t src_qpn) {
     struct sv_msg a = {MSG_DROP, 0, 0, 0, 0};
     struct iovec iov[SV_MAX_SGE];
     int niov = 0;
     uint64_t wr_id = 0;
+    enum ibv_wc_status err = IBV_WC_SUCCESS; /* the head RECV's error, completed after the NAK */
     pthread_mutex_lock(&q->lock);
     enum ibv_qp_state s = q->qp.state;
     if ((s != IBV_QPS_RTR && s != IBV_QPS_RTS) || src_qpn != q->dest_qpn || req->a != q->rq_psn) {
@@ -976,13 +989,11 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
 #else
         if (!prot_ok || req->len > wr->length) {
 #endif
-            enum ibv_wc_status st = prot_ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
+            err = prot_ok ? IBV_WC_LOC_LEN_ERR : IBV_WC_LOC_PROT_ERR;
             sv_log("qp %u: incoming SEND of %llu bytes, head RECV wr_id %llu (%u bytes): %s",
                    q->qp.qp_num, (unsigned long long)req->len, (unsigned long long)wr->wr_id,
-                   wr->length, ibv_wc_status_str(st));
-            sv_complete(q, q->qp.recv_cq, wr->wr_id, st, IBV_WC_RECV, 0);
-            sv_queue_pop(&q->rq);
-            sv_to_error(q);
+                   wr->length, ibv_wc_status_str(err));
+            wr_id = wr->wr_id;
             a.type = prot_ok ? MSG_NAK_INV_REQ : MSG_NAK_REM_OP;
         } else {
             wr_id = wr->wr_id;
@@ -998,8 +1009,17 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
     }
     pthread_mutex_unlock(&q->lock);
     /* DROP stands for the silence of an HCA that discards the packet: the requester counts
-     * it as a lost packet (retry after `timeout`), without waiting the timeout for nothing */
-    if (sv_send_msg(q, fd, &a) != 0) return -1;
+     * it as a lost packet (retry after `timeout`), without waiting the timeout for nothing.
+     * An answer goes out before the receiver's completion is visible, as an HCA's does: an
+     * application that exits on its completion must not take the ACK/NAK with it. */
+#ifdef SOFTVERBS_PLANT_LATE_ANSWER /* planted fault for the tests: the completion first */
+    if (err != IBV_WC_SUCCESS) sv_fail_head(q, wr_id, err), sv_sleep_us(q, 300000);
+    int sent = sv_send_msg(q, fd, &a);
+#else
+    int sent = sv_send_msg(q, fd, &a);
+    if (err != IBV_WC_SUCCESS) sv_fail_head(q, wr_id, err);
+#endif
+    if (sent != 0) return -1;
     if (a.type != MSG_CTS) return 0;
     uint64_t landed = 0;
     struct iovec landing[SV_MAX_SGE]; /* sv_io_all consumes its iovec; the capture needs it */
@@ -1012,6 +1032,8 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
         return -1;
     }
     sv_capture(q, iov, niov, landed);
+    struct sv_msg ack = {MSG_ACK, 0, 0, 0, 0};
+    int acked = sv_send_msg(q, fd, &ack); /* before the completion, as above */
     pthread_mutex_lock(&q->lock);
     q->rq_psn = (q->rq_psn + sv_npkts(q, req->len)) & 0xffffff;
     q->st.recvs++;
@@ -1019,8 +1041,7 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
     sv_complete(q, q->qp.recv_cq, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, (uint32_t)req->len);
     sv_stats_write(q);
     pthread_mutex_unlock(&q->lock);
-    struct sv_msg ack = {MSG_ACK, 0, 0, 0, 0};
-    return sv_send_msg(q, fd, &ack);
+    return acked;
 }
 
 static void *sv_responder(void *arg) {
