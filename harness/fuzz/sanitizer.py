@@ -247,3 +247,26 @@ def _from_libfuzzer(lines: list[str], i: int, rest: str) -> SanitizerReport:
     if bug == "deadly signal":
         report.abort_line = _abort_before(lines, i)
     return _finish(report, lines, i)
+
+
+_REPORT_LINE = re.compile(r"^(?P<tool>AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer|"
+                          r"ThreadSanitizer|MemorySanitizer): (?P<rest>.*)$")
+
+
+def report_key(line: str) -> tuple[str, str] | None:
+    """A :meth:`SanitizerReport.signature_line` as (class, faulting project frame), or None
+    for any other line. Two builds of one server (the in-process target, the live sanitizer
+    server) inline differently, so only the frame where the error happened is compared."""
+    m = _REPORT_LINE.match(line)
+    if m is None:
+        return None
+    head, sep, where = line.rpartition(" in ")
+    if not sep:
+        return line, ""
+    return head, where.split(" < ", 1)[0]
+
+
+def same_report(a: str, b: str) -> bool:
+    """Do two signature lines name the same sanitizer error (class and faulting frame)?"""
+    ka = report_key(a)
+    return ka is not None and ka == report_key(b)

@@ -43,6 +43,7 @@ from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target, tool
 
 ENGINE = "libfuzzer"
+SANITIZE = ("address", "undefined")  # what the in-process target is built with
 MAX_RERUNS = 40  # artifacts re-run for their report (smallest first)
 FINALISE_GRACE = 60.0
 
@@ -69,6 +70,9 @@ class LibFuzzerConfig:
     max_len: int = 1 << 16
     minimise_seconds: float = 12.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
+    # The live server sanitizer findings replay against (None: the pin's +asan+ubsan build):
+    # a release build survives most of what ASan/UBSan report.
+    sanitizer_target: str | None = None
     coverage: bool = True
     keep_work: bool = False
     # fields the shared campaign report reads: one libFuzzer run is one whole campaign, the
@@ -453,23 +457,50 @@ def _class_of(sig: dict) -> str:
     return "abort" if sig.get("signal") == "SIGABRT" else sig.get("signal") or "crash"
 
 
+def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None]:
+    """The live server a finding replays against, and why it cannot run (None: it can).
+    A sanitizer error needs the pin's sanitizer build: the release server mostly survives
+    it (a memcpy between overlapping ranges, an out-of-bounds read inside the heap)."""
+    if sanitizer.report_key(sig.line) is None:
+        return cfg.target, None
+    if cfg.sanitizer_target:
+        return cfg.sanitizer_target, None
+    from ...impls.registry import get_peer, resolve_pin
+    from ...impls.errors import PeerError
+    pin = TargetSpec.parse(cfg.target).name
+    try:
+        name = resolve_pin(pin).variant(sanitize=SANITIZE).name
+        peer = get_peer(name)
+    except PeerError as e:
+        return f"{pin}+asan+ubsan", str(e)
+    if not peer.available:
+        return name, (f"{name} is not built (`harness peers build {pin} --sanitize "
+                      f"{','.join(SANITIZE)}`)")
+    return name, None
+
+
 def _save(cfg: LibFuzzerConfig, f: Failure, out: Path, dialect: str, seen: Counter, *,
           minimised: bool = False, original_steps: int | None = None) -> dict:
     from ..replay import replay
     folder = out / "crashes" / f.signature.id
     case = lfc.input_to_case(f.data, dialect)
+    target, missing = replay_target(cfg, f.signature)
+    # The reproducer's own target (its replay command and test_repro.py) is that live server.
     finding = save_reproducer(folder, signature=f.signature, case=case, outcome=None,
-                              target=cfg.target, dialect=dialect, detail=f.detail,
+                              target=target, dialect=dialect, detail=f.detail,
                               extra={"engine": ENGINE, "confirmed": True, "minimised": minimised,
                                      "original_steps": original_steps or len(case.steps),
                                      "occurrences": seen[f.signature], "source": f.source,
-                                     "input": "input.bin"})
+                                     "input": "input.bin", "campaign_target": cfg.target})
     (folder / "input.bin").write_bytes(f.data)
     if f.report:
         (folder / "report.txt").write_text(f.report)
     if cfg.replay:
+        finding["replayed_against"] = target
         try:
-            result = replay(folder / "repro.rpct", cfg.target, dialect=dialect,
+            if missing:
+                raise TargetError(missing)
+            result = replay(folder / "repro.rpct", target, dialect=dialect,
                             deadline=cfg.deadline, as_limit=cfg.as_limit,
                             rss_limit=cfg.rss_limit)
             finding["replays"] = result.reproduced
@@ -514,9 +545,11 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
     lines.append("")
     replayed = [f for f in r["findings"] if "live_observed" in f]
     if replayed:
-        lines += ["Replayed against the live server (`harness replay`):", "",
-                  "| id | reproduced | live server |", "|---|---|---|"]
-        lines += [f"| {f['id']} | {'yes' if f.get('replays') else 'no'} | "
+        lines += ["Replayed against the live server (`harness replay`; sanitizer errors "
+                  "against the pin's sanitizer build):", "",
+                  "| id | replayed against | reproduced | live server |", "|---|---|---|---|"]
+        lines += [f"| {f['id']} | `{f.get('replayed_against', r['target'])}` | "
+                  f"{'yes' if f.get('replays') else 'no'} | "
                   f"{(f.get('live_observed') or 'survived').replace('|', '/')} |"
                   for f in replayed]
         lines.append("")
