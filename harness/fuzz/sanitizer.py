@@ -29,6 +29,9 @@ PROJECT_FRAMES = 3  # frames of project code in a signature
 _ASAN = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer|MemorySanitizer): "
                    r"(?P<rest>.*)")
 _LIBFUZZER = re.compile(r"ERROR: libFuzzer: (?P<rest>.*)")
+# The sanitizer runtime's own RSS bound (``hard_rss_limit_mb``, what the libFuzzer engine uses
+# instead of ``-rss_limit_mb``): a report line without "ERROR:".
+_HARD_RSS = re.compile(r"==\d+==(?P<tool>\w+Sanitizer): hard rss limit exhausted")
 _UBSAN = re.compile(r"^(?P<loc>\S+?):(?P<line>\d+)(?::\d+)?: runtime error: (?P<msg>.*)$")
 _ACCESS = re.compile(r"^(?P<op>READ|WRITE) of size (?P<size>\d+) at ")
 _SEGV_ACCESS = re.compile(r"The signal is caused by a (?P<op>READ|WRITE) memory access")
@@ -84,7 +87,7 @@ class SanitizerReport:
     @property
     def kind(self) -> str:
         """The finding kind: resource exhaustion is a memory or hang finding, the rest crashes."""
-        if self.tool == "libFuzzer" and self.bug_type.startswith("out-of-memory"):
+        if self.bug_type.startswith("out-of-memory"):
             return "memory"
         if self.tool == "libFuzzer" and self.bug_type == "timeout":
             return "hang"
@@ -177,6 +180,9 @@ def parse(text: str | list[str]) -> SanitizerReport | None:
         f = _LIBFUZZER.search(line)
         if f:
             return _from_libfuzzer(lines, i, f.group("rest"))
+        h = _HARD_RSS.search(line)
+        if h:
+            return _finish(SanitizerReport(h.group("tool"), "out-of-memory (rss)"), lines, i)
     last = None
     for i, line in enumerate(lines):
         u = _UBSAN.match(line.strip())

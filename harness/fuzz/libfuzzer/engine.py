@@ -120,10 +120,19 @@ class Timeline:
         return [self.points[int(i * step)] for i in range(n - 1)] + [self.points[-1]]
 
 
+# libFuzzer's own RSS bound (-rss_limit_mb) is off: its handler prints ASan's memory profile,
+# which stops the world from the RSS thread and deadlocks when the stopped fuzzing thread holds
+# a runtime lock (the symbolizer's, the allocator's). A job stuck that way stalled the whole
+# fork-mode campaign: no job result, no status line, zero executions in the report. The
+# sanitizer runtime's hard_rss_limit_mb bounds RSS instead and dies like any report.
+NO_RSS_THREAD = "-rss_limit_mb=0"
+
+
 def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None) -> dict[str, str]:
     as_mb = max(cfg.as_limit >> 20, 64) if cfg.as_limit else 1 << 20
+    rss = f"hard_rss_limit_mb={max(cfg.rss_limit >> 20, 64)}:" if cfg.rss_limit else ""
     env = dict(os.environ,
-               ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:"
+               ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:{rss}"
                             "detect_leaks=0:handle_abort=0:symbolize=1:"
                             "print_summary=1:detect_stack_use_after_return=0",
                # Fatal checks are fatal by the build (-fno-sanitize-recover=all); halting here
@@ -145,8 +154,7 @@ def libfuzzer_args(cfg: LibFuzzerConfig, seed: int, dictionary: Path, artifacts:
             "-ignore_timeouts=1", f"-max_total_time={max(int(duration), 1)}",
             f"-seed={seed}", f"-artifact_prefix={artifacts}/", f"-dict={dictionary}",
             f"-max_len={cfg.max_len}", f"-timeout={max(int(cfg.deadline), 1)}",
-            f"-rss_limit_mb={max(cfg.rss_limit >> 20, 64)}", f"-malloc_limit_mb={as_mb}",
-            "-print_final_stats=1"]
+            NO_RSS_THREAD, f"-malloc_limit_mb={as_mb}", "-print_final_stats=1"]
 
 
 # ---------------------------------------------------------------- running
@@ -157,7 +165,16 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
     proc = subprocess.Popen(([nice] if nice else []) + [str(binary), *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             errors="replace", start_new_session=True)
-    killer = threading.Timer(max(hard_stop - time.monotonic(), 1.0), proc.kill)
+
+    def kill_group() -> None:
+        # The whole group: fork-mode jobs (and the shells that run them, which hold the
+        # stderr pipe) outlive a killed parent, and a stuck one would keep this read open.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    killer = threading.Timer(max(hard_stop - time.monotonic(), 1.0), kill_group)
     killer.start()
     try:
         with open(log, "w") as f:
@@ -170,9 +187,8 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
         return proc.wait()
     finally:
         killer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        kill_group()  # jobs still running after the parent ended (none when it wrapped up)
+        proc.wait()
 
 
 def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Path,
@@ -191,7 +207,7 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     # The minimiser runs rounds of -max_total_time each (child processes of its own): a
     # quarter of the budget per round, the whole group ended when the budget is spent; the
     # smallest input so far is in ``dst`` either way.
-    proc = subprocess.Popen([str(binary), "-minimize_crash=1",
+    proc = subprocess.Popen([str(binary), "-minimize_crash=1", NO_RSS_THREAD,
                              f"-max_total_time={max(int(seconds / 4), 1)}",
                              f"-timeout={max(int(deadline), 1)}", f"-exact_artifact_path={dst}",
                              str(src)], env=run_env, stdout=subprocess.DEVNULL,
@@ -218,7 +234,8 @@ def rerun(binary: Path, data_path: Path, env: dict, timeout: float) -> str | Non
     env = dict(env, HARNESS_FUZZ_TRACE="1", HARNESS_FUZZ_ABORT="1")
     env.pop("HARNESS_FUZZ_EVENTS", None)
     try:
-        r = subprocess.run([str(binary), f"-timeout={max(int(timeout), 1)}", str(data_path)],
+        r = subprocess.run([str(binary), NO_RSS_THREAD, f"-timeout={max(int(timeout), 1)}",
+                            str(data_path)],
                            env=env, capture_output=True, text=True, errors="replace",
                            timeout=timeout * 3 + 30)
     except subprocess.TimeoutExpired as e:
@@ -416,9 +433,10 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                            "dialect": dialect, "statuses": {}, "coverage": {},
                            "rss_peak": 0}
     progress.findings = findings
-    if rc not in (0, 1) and not timeline.points:
-        progress.errors.append({"worker": 0, "error": f"libFuzzer exited {rc} before fuzzing; "
-                                f"see {work / 'libfuzzer.log'}"})
+    if not timeline.points:
+        # No job ever reported back (rc 1 is also how libFuzzer fails before fuzzing).
+        progress.errors.append({"worker": 0, "error": f"libFuzzer exited {rc} without a "
+                                f"status line; see {work / 'libfuzzer.log'}"})
     progress.started = time.time() - (time.monotonic() - started)
     report = build_report(cfg, spec, progress)
     report.update({
@@ -461,7 +479,7 @@ def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None
     """The live server a finding replays against, and why it cannot run (None: it can).
     A sanitizer error needs the pin's sanitizer build: the release server mostly survives
     it (a memcpy between overlapping ranges, an out-of-bounds read inside the heap)."""
-    if sanitizer.report_key(sig.line) is None:
+    if sig.kind != "crash" or sanitizer.report_key(sig.line) is None:
         return cfg.target, None
     if cfg.sanitizer_target:
         return cfg.sanitizer_target, None
