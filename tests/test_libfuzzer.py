@@ -193,7 +193,9 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
         seeds_mutated=30, coverage=False))
     assert report["engine"] == "libfuzzer" and report["executions"] > 0
     assert report["edges_over_time"] and report["edges"] > 0
+    assert report["problems"] == []  # `harness fuzz` exits 0 on it, not 2
     md = (folder / "report.md").read_text()
+    assert "did not test the target" not in md
     assert "## In-process engine (libFuzzer)" in md and "Edges over time" in md
     assert report["findings"], "the 7.0.0 server has GGML_ASSERTs any campaign reaches"
     for f in report["findings"]:
@@ -277,3 +279,27 @@ def test_rss_is_bounded_by_the_sanitizer_runtime_not_libfuzzers_rss_thread(tmp_p
     # Planted fault: without a bound the same input runs to its end.
     unbounded = LibFuzzerConfig(target="p7", rss_limit=0)
     assert rerun(build.binary, path, sanitizer_env(unbounded, None), 60) is None
+
+
+def test_a_kept_build_dir_naming_a_vanished_tool_is_configured_afresh(tmp_path):
+    from harness.fuzz.libfuzzer.build import drop_stale_cmake_cache
+    stale, fresh = tmp_path / "stale", tmp_path / "fresh"
+    for d, ninja in ((stale, tmp_path / "gone-venv" / "bin" / "ninja"), (fresh, Path("/bin/sh"))):
+        d.mkdir()
+        (d / "CMakeCache.txt").write_text(f"CMAKE_MAKE_PROGRAM:FILEPATH={ninja}\n"
+                                          "CMAKE_C_COMPILER:UNINITIALIZED=/bin/sh\n")
+    assert drop_stale_cmake_cache(stale) and not stale.exists()
+    assert not drop_stale_cmake_cache(fresh) and fresh.exists()
+    assert not drop_stale_cmake_cache(tmp_path / "never-configured")
+
+
+def test_in_process_campaign_is_judged_by_executions_not_messages():
+    from harness.fuzz.report import campaign_problems
+    ran = {"engine": "libfuzzer", "executions": 5000, "messages_sent": 0,
+           "workers_never_listened": [0]}
+    assert campaign_problems(ran, 100) == []
+    assert campaign_problems({**ran, "executions": 0}, 0) == [
+        "only 0 executions, fewer than the minimum 1 (--min-messages)"]
+    # The live engine's rules are unchanged: no messages is no campaign.
+    live = {"messages_sent": 0, "workers_never_listened": [0]}
+    assert len(campaign_problems(live, 100)) == 2

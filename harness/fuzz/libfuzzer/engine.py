@@ -35,7 +35,7 @@ from typing import Callable
 from ...proto import get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
-from ..report import build_report, render_markdown
+from ..report import build_report, campaign_problems, render_markdown
 from ..shrink import save_reproducer
 from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, TargetError, TargetSpec, \
     death_line
@@ -433,10 +433,9 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                            "dialect": dialect, "statuses": {}, "coverage": {},
                            "rss_peak": 0}
     progress.findings = findings
-    if not timeline.points:
-        # No job ever reported back (rc 1 is also how libFuzzer fails before fuzzing).
-        progress.errors.append({"worker": 0, "error": f"libFuzzer exited {rc} without a "
-                                f"status line; see {work / 'libfuzzer.log'}"})
+    if rc not in (0, 1) and not timeline.points:
+        progress.errors.append({"worker": 0, "error": f"libFuzzer exited {rc} before fuzzing; "
+                                f"see {work / 'libfuzzer.log'}"})
     progress.started = time.time() - (time.monotonic() - started)
     report = build_report(cfg, spec, progress)
     report.update({
@@ -450,6 +449,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         "server_coverage": server_coverage, "binary": str(build.binary),
     })
     report["messages_counted"] = False  # in process one execution is one connection
+    report["workers_never_listened"] = []  # no server listens: executions say it ran
+    report["problems"] = campaign_problems(report, cfg.min_messages)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "report.md").write_text(render_libfuzzer_markdown(report, out))
     if not cfg.keep_work:
