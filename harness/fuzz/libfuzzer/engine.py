@@ -184,11 +184,13 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
                 p = timeline.feed(line)
                 if p is not None and on_line is not None:
                     on_line(p)
-        return proc.wait()
     finally:
         killer.cancel()
-        kill_group()  # jobs still running after the parent ended (none when it wrapped up)
-        proc.wait()
+        # Jobs still running after the parent ended (none when it wrapped up); before the
+        # parent is reaped, so the group id cannot have been reused.
+        kill_group()
+        rc = proc.wait()
+    return rc
 
 
 def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Path,
