@@ -195,7 +195,9 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     assert report["engine"] == "libfuzzer" and report["executions"] > 0, \
         log.read_text()[-6000:] if log.exists() else report.get("errors")
     assert report["edges_over_time"] and report["edges"] > 0
+    assert report["problems"] == []  # `harness fuzz` exits 0 on it, not 2
     md = (folder / "report.md").read_text()
+    assert "did not test the target" not in md
     assert "## In-process engine (libFuzzer)" in md and "Edges over time" in md
     assert report["findings"], "the 7.0.0 server has GGML_ASSERTs any campaign reaches"
     for f in report["findings"]:
@@ -237,3 +239,88 @@ def test_a_campaign_that_executes_nothing_says_so_and_keeps_the_log(tmp_path, mo
     assert report["executions"] == 0
     assert any("no executions" in e["error"] for e in report["errors"])
     assert "ERROR: planted" in (folder / "libfuzzer.log").read_text()
+
+
+def test_fuzzer_stuck_in_a_child_does_not_hang_the_campaign(tmp_path):
+    """A fork-mode job that never ends (one deadlocked in the sanitizer runtime) and the shell
+    running it keep the parent's stderr open: the hard stop must end the whole group."""
+    import time
+
+    from harness.fuzz.libfuzzer.engine import _run_fuzzer
+    fake = tmp_path / "fuzzer"
+    fake.write_text("#!/bin/sh\necho '#5: cov: 7 ft: 7 corp: 1 exec/s: 5' >&2\n"
+                    "sleep 300 &\nsleep 300\n")
+    fake.chmod(0o755)
+    timeline = Timeline()
+    started = time.monotonic()
+    rc = _run_fuzzer(fake, [], {"PATH": "/usr/bin:/bin"}, tmp_path / "log", timeline,
+                     time.monotonic() + 2, None)
+    assert rc < 0 and time.monotonic() - started < 120  # killed, not waited for
+    assert timeline.last["execs"] == 5
+    assert "cov: 7" in (tmp_path / "log").read_text()
+
+
+def test_hard_rss_limit_report_is_a_memory_finding():
+    from harness.fuzz import sanitizer
+    text = ("Running: input\n==31923==AddressSanitizer: hard rss limit exhausted (512Mb vs 555Mb)\n"
+            "==31923==Process memory map follows:\n==31923==End of process memory map.\n")
+    r = sanitizer.parse(text)
+    assert (r.tool, r.bug_type, r.kind) == ("AddressSanitizer", "out-of-memory (rss)", "memory")
+    sig, _ = signature_of(text, D, b"")
+    assert (sig.kind, sig.signal, sig.line) == ("memory", "", "AddressSanitizer: out-of-memory "
+                                                              "(rss)")
+    assert _class_of(sig.to_json()) == "memory"
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_rss_is_bounded_by_the_sanitizer_runtime_not_libfuzzers_rss_thread(tmp_path):
+    """libFuzzer's -rss_limit_mb handler stops the world to print a memory profile, which can
+    deadlock a job for good; the bound is ASan's hard_rss_limit_mb, a memory finding."""
+    from harness.fuzz.case import HANDLE, sentinel
+    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, libfuzzer_args, rerun, \
+        sanitizer_env
+    from harness.proto.codec import pack_request
+    from harness.proto.messages import AllocBufferRequest, BufferClearRequest, HelloRequest
+    build = _p7_target()
+    d = get_dialect(D)
+    frames = [pack_request(d, HelloRequest())]
+    for i in range(3):  # 3 x 200 MiB, every page written by BUFFER_CLEAR
+        frames += [pack_request(d, AllocBufferRequest(device=0, size=200 << 20)),
+                   pack_request(d, BufferClearRequest(remote_ptr=sentinel(HANDLE, i), value=1))]
+    data = b"".join(frames)
+    path = tmp_path / "input"
+    path.write_bytes(data)
+    cfg = LibFuzzerConfig(target="p7", rss_limit=256 << 20)
+    assert "-rss_limit_mb=0" in libfuzzer_args(cfg, 1, path, tmp_path, 10)
+    log = rerun(build.binary, path, sanitizer_env(cfg, None), 30)
+    assert log is not None and "hard rss limit exhausted" in log
+    sig, _ = signature_of(log, D, data)
+    assert sig.kind == "memory" and sig.line == "AddressSanitizer: out-of-memory (rss)"
+    # Planted fault: without a bound the same input runs to its end.
+    unbounded = LibFuzzerConfig(target="p7", rss_limit=0)
+    assert rerun(build.binary, path, sanitizer_env(unbounded, None), 60) is None
+
+
+def test_a_kept_build_dir_naming_a_vanished_tool_is_configured_afresh(tmp_path):
+    from harness.fuzz.libfuzzer.build import drop_stale_cmake_cache
+    stale, fresh = tmp_path / "stale", tmp_path / "fresh"
+    for d, ninja in ((stale, tmp_path / "gone-venv" / "bin" / "ninja"), (fresh, Path("/bin/sh"))):
+        d.mkdir()
+        (d / "CMakeCache.txt").write_text(f"CMAKE_MAKE_PROGRAM:FILEPATH={ninja}\n"
+                                          "CMAKE_C_COMPILER:UNINITIALIZED=/bin/sh\n")
+    assert drop_stale_cmake_cache(stale) and not stale.exists()
+    assert not drop_stale_cmake_cache(fresh) and fresh.exists()
+    assert not drop_stale_cmake_cache(tmp_path / "never-configured")
+
+
+def test_in_process_campaign_is_judged_by_executions_not_messages():
+    from harness.fuzz.report import campaign_problems
+    ran = {"engine": "libfuzzer", "executions": 5000, "messages_sent": 0,
+           "workers_never_listened": [0]}
+    assert campaign_problems(ran, 100) == []
+    assert campaign_problems({**ran, "executions": 0}, 0) == [
+        "only 0 executions, fewer than the minimum 1 (--min-messages)"]
+    # The live engine's rules are unchanged: no messages is no campaign.
+    live = {"messages_sent": 0, "workers_never_listened": [0]}
+    assert len(campaign_problems(live, 100)) == 2

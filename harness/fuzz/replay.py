@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..capture.transcript import C2S, Transcript
+from . import sanitizer
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
 from .case_runner import CaseRunner
@@ -38,6 +39,10 @@ class ReplayResult:
         if o is None:
             return False
         if e is None or o.same_bug(e, command=False):
+            return True
+        if o.kind == e.kind and sanitizer.same_report(o.line, e.line):
+            # One sanitizer error seen by two builds: how it ends the process is a runtime
+            # option (exit 1 in process, SIGABRT from a server with abort_on_error).
             return True
         # A death without a log line on one side (saved or replayed without the fault shim,
         # see faultinfo): the signal is all there is to compare.

@@ -113,6 +113,12 @@ def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) ->
     or fewer messages exchanged than ``min_messages`` (client targets: no session at all).
     Empty when the campaign ran; ``harness fuzz`` exits non-zero otherwise."""
     out = []
+    if report.get("engine") == "libfuzzer":  # in process: no server listens, inputs count
+        least = max(min_messages, 1)
+        if report.get("executions", 0) < least:
+            out.append(f"only {report.get('executions', 0):,} executions, fewer than the "
+                       f"minimum {least:,} (--min-messages)")
+        return out
     never = report.get("workers_never_listened") or []
     if never:
         why = "; ".join(str(e.get("error", "")) for e in report.get("errors", []))

@@ -29,6 +29,9 @@ PROJECT_FRAMES = 3  # frames of project code in a signature
 _ASAN = re.compile(r"ERROR: (AddressSanitizer|LeakSanitizer|ThreadSanitizer|MemorySanitizer): "
                    r"(?P<rest>.*)")
 _LIBFUZZER = re.compile(r"ERROR: libFuzzer: (?P<rest>.*)")
+# The sanitizer runtime's own RSS bound (``hard_rss_limit_mb``, what the libFuzzer engine uses
+# instead of ``-rss_limit_mb``): a report line without "ERROR:".
+_HARD_RSS = re.compile(r"==\d+==(?P<tool>\w+Sanitizer): hard rss limit exhausted")
 _UBSAN = re.compile(r"^(?P<loc>\S+?):(?P<line>\d+)(?::\d+)?: runtime error: (?P<msg>.*)$")
 _ACCESS = re.compile(r"^(?P<op>READ|WRITE) of size (?P<size>\d+) at ")
 _SEGV_ACCESS = re.compile(r"The signal is caused by a (?P<op>READ|WRITE) memory access")
@@ -84,7 +87,7 @@ class SanitizerReport:
     @property
     def kind(self) -> str:
         """The finding kind: resource exhaustion is a memory or hang finding, the rest crashes."""
-        if self.tool == "libFuzzer" and self.bug_type.startswith("out-of-memory"):
+        if self.bug_type.startswith("out-of-memory"):
             return "memory"
         if self.tool == "libFuzzer" and self.bug_type == "timeout":
             return "hang"
@@ -177,6 +180,9 @@ def parse(text: str | list[str]) -> SanitizerReport | None:
         f = _LIBFUZZER.search(line)
         if f:
             return _from_libfuzzer(lines, i, f.group("rest"))
+        h = _HARD_RSS.search(line)
+        if h:
+            return _finish(SanitizerReport(h.group("tool"), "out-of-memory (rss)"), lines, i)
     last = None
     for i, line in enumerate(lines):
         u = _UBSAN.match(line.strip())
@@ -247,3 +253,26 @@ def _from_libfuzzer(lines: list[str], i: int, rest: str) -> SanitizerReport:
     if bug == "deadly signal":
         report.abort_line = _abort_before(lines, i)
     return _finish(report, lines, i)
+
+
+_REPORT_LINE = re.compile(r"^(?P<tool>AddressSanitizer|UndefinedBehaviorSanitizer|LeakSanitizer|"
+                          r"ThreadSanitizer|MemorySanitizer): (?P<rest>.*)$")
+
+
+def report_key(line: str) -> tuple[str, str] | None:
+    """A :meth:`SanitizerReport.signature_line` as (class, faulting project frame), or None
+    for any other line. Two builds of one server (the in-process target, the live sanitizer
+    server) inline differently, so only the frame where the error happened is compared."""
+    m = _REPORT_LINE.match(line)
+    if m is None:
+        return None
+    head, sep, where = line.rpartition(" in ")
+    if not sep:
+        return line, ""
+    return head, where.split(" < ", 1)[0]
+
+
+def same_report(a: str, b: str) -> bool:
+    """Do two signature lines name the same sanitizer error (class and faulting frame)?"""
+    ka = report_key(a)
+    return ka is not None and ka == report_key(b)

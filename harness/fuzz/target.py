@@ -45,7 +45,7 @@ from ..reference.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
 from . import sanitizer
-from .faultinfo import LINE_PREFIX, with_shim
+from .faultinfo import LINE_PREFIX, is_sanitized, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
 DEFAULT_RSS_LIMIT = 1 << 30
@@ -372,12 +372,33 @@ class Target:
             server = self._launch(workdir)
         except (ServerStartError, PeerError, OSError) as e:
             raise TargetError(f"cannot start {self.spec.name}: {e}") from None
-        if self.as_limit:
+        if self.as_limit and not self.sanitized:
             try:
                 resource.prlimit(server.pid, resource.RLIMIT_AS, (self.as_limit, self.as_limit))
             except (OSError, ValueError):
                 pass  # e.g. a wrapper already exited; the bound is a safety net, not a test
         return server
+
+    @functools.cached_property
+    def sanitized(self) -> bool:
+        """Is the server a sanitizer build? ASan reserves terabytes of shadow address space
+        at start, so RLIMIT_AS would make its every later allocation fail (ggml_init's
+        ``mem_buffer != NULL`` assert on the first request): its bound is the allocator's."""
+        if self.spec.kind == "peer":
+            return bool(get_peer(self.spec.peer or self.spec.name).sanitize)
+        return self.spec.kind == "binary" and is_sanitized(self.spec.binary)
+
+    def _allocation_bound(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with ASan's ``max_allocation_size_mb`` set to the address-space bound for a
+        sanitizer build (with ``allocator_may_return_null`` an allocation above it fails
+        like one beyond RLIMIT_AS does in a release build)."""
+        if not self.as_limit or not self.sanitized:
+            return env
+        options = env.get("ASAN_OPTIONS", "")
+        if "max_allocation_size_mb=" in options:
+            return env  # the user's own bound wins
+        bound = f"max_allocation_size_mb={max(self.as_limit >> 20, 64)}"
+        return {**env, "ASAN_OPTIONS": f"{options}:{bound}" if options else bound}
 
     def _take_spare(self) -> ServerProcess | None:
         """The standby process if it came up and still runs; else None (launch afresh, which
@@ -430,7 +451,8 @@ class Target:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
             argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
-            env = preload_env(with_shim(env | self.env, _server_binary(argv)), loopback)
+            env = self._allocation_bound(env | self.env)
+            env = preload_env(with_shim(env, _server_binary(argv)), loopback)
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
                                        name=peer.name, host=self.host, workdir=workdir,
                                        ready_timeout=self.ready_timeout)
@@ -456,7 +478,7 @@ class Target:
             argv.append("-c")
             env["LLAMA_CACHE"] = str(cache_dir)
         env = with_shim(env, spec.binary) if self.fault_shim else env
-        return ServerProcess.start(argv, preload_env(env, loopback),
+        return ServerProcess.start(argv, preload_env(self._allocation_bound(env), loopback),
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=workdir, ready_timeout=self.ready_timeout)
 

@@ -20,6 +20,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -203,9 +204,28 @@ def _sources(pin, work: Path, progress) -> tuple[Path, str | None]:
     return source, commit
 
 
+_CACHED_TOOL = re.compile(r"^CMAKE_(?:MAKE_PROGRAM|C_COMPILER|CXX_COMPILER):\w+=(?P<path>/.*)$",
+                          re.M)
+
+
+def drop_stale_cmake_cache(build_dir: Path) -> bool:
+    """Remove a kept ggml build dir whose CMake cache names a tool that is gone (a ninja of a
+    since-deleted virtualenv: configure then fails at once, on every later build). True if
+    it was removed."""
+    try:
+        cache = (build_dir / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    if all(Path(m.group("path").strip()).exists() for m in _CACHED_TOOL.finditer(cache)):
+        return False
+    shutil.rmtree(build_dir, ignore_errors=True)
+    return True
+
+
 def _build_in(pin, flavour: str, stage: Path, work: Path, tools: dict, jobs: int,
               progress) -> None:
     source, commit = _sources(pin, work, progress)
+    drop_stale_cmake_cache(work / "build" / "ggml")  # build.sh configures into build/ggml
     out = stage / "out"
     out.mkdir()
     env = dict(tool_env(), SRC=str(source.parent), LLAMA_CPP=str(source), OUT=str(out),

@@ -35,7 +35,7 @@ from typing import Callable
 from ...proto import get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
-from ..report import build_report, render_markdown
+from ..report import build_report, campaign_problems, render_markdown
 from ..shrink import save_reproducer
 from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, TargetError, TargetSpec, \
     death_line
@@ -43,6 +43,7 @@ from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target, tool
 
 ENGINE = "libfuzzer"
+SANITIZE = ("address", "undefined")  # what the in-process target is built with
 MAX_RERUNS = 40  # artifacts re-run for their report (smallest first)
 FINALISE_GRACE = 60.0
 
@@ -69,6 +70,9 @@ class LibFuzzerConfig:
     max_len: int = 1 << 16
     minimise_seconds: float = 12.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
+    # The live server sanitizer findings replay against (None: the pin's +asan+ubsan build):
+    # a release build survives most of what ASan/UBSan report.
+    sanitizer_target: str | None = None
     coverage: bool = True
     keep_work: bool = False
     # fields the shared campaign report reads: one libFuzzer run is one whole campaign, the
@@ -116,10 +120,19 @@ class Timeline:
         return [self.points[int(i * step)] for i in range(n - 1)] + [self.points[-1]]
 
 
+# libFuzzer's own RSS bound (-rss_limit_mb) is off: its handler prints ASan's memory profile,
+# which stops the world from the RSS thread and deadlocks when the stopped fuzzing thread holds
+# a runtime lock (the symbolizer's, the allocator's). A job stuck that way stalled the whole
+# fork-mode campaign: no job result, no status line, zero executions in the report. The
+# sanitizer runtime's hard_rss_limit_mb bounds RSS instead and dies like any report.
+NO_RSS_THREAD = "-rss_limit_mb=0"
+
+
 def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None) -> dict[str, str]:
     as_mb = max(cfg.as_limit >> 20, 64) if cfg.as_limit else 1 << 20
+    rss = f"hard_rss_limit_mb={max(cfg.rss_limit >> 20, 64)}:" if cfg.rss_limit else ""
     env = dict(os.environ,
-               ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:"
+               ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:{rss}"
                             "detect_leaks=0:handle_abort=0:symbolize=1:"
                             "print_summary=1:detect_stack_use_after_return=0",
                # Fatal checks are fatal by the build (-fno-sanitize-recover=all); halting here
@@ -141,8 +154,7 @@ def libfuzzer_args(cfg: LibFuzzerConfig, seed: int, dictionary: Path, artifacts:
             "-ignore_timeouts=1", f"-max_total_time={max(int(duration), 1)}",
             f"-seed={seed}", f"-artifact_prefix={artifacts}/", f"-dict={dictionary}",
             f"-max_len={cfg.max_len}", f"-timeout={max(int(cfg.deadline), 1)}",
-            f"-rss_limit_mb={max(cfg.rss_limit >> 20, 64)}", f"-malloc_limit_mb={as_mb}",
-            "-print_final_stats=1"]
+            NO_RSS_THREAD, f"-malloc_limit_mb={as_mb}", "-print_final_stats=1"]
 
 
 # ---------------------------------------------------------------- running
@@ -153,7 +165,16 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
     proc = subprocess.Popen(([nice] if nice else []) + [str(binary), *args], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             errors="replace", start_new_session=True)
-    killer = threading.Timer(max(hard_stop - time.monotonic(), 1.0), proc.kill)
+
+    def kill_group() -> None:
+        # The whole group: fork-mode jobs (and the shells that run them, which hold the
+        # stderr pipe) outlive a killed parent, and a stuck one would keep this read open.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    killer = threading.Timer(max(hard_stop - time.monotonic(), 1.0), kill_group)
     killer.start()
     try:
         with open(log, "w") as f:
@@ -163,12 +184,13 @@ def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: T
                 p = timeline.feed(line)
                 if p is not None and on_line is not None:
                     on_line(p)
-        return proc.wait()
     finally:
         killer.cancel()
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        # Jobs still running after the parent ended (none when it wrapped up); before the
+        # parent is reaped, so the group id cannot have been reused.
+        kill_group()
+        rc = proc.wait()
+    return rc
 
 
 def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Path,
@@ -187,7 +209,7 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     # The minimiser runs rounds of -max_total_time each (child processes of its own): a
     # quarter of the budget per round, the whole group ended when the budget is spent; the
     # smallest input so far is in ``dst`` either way.
-    proc = subprocess.Popen([str(binary), "-minimize_crash=1",
+    proc = subprocess.Popen([str(binary), "-minimize_crash=1", NO_RSS_THREAD,
                              f"-max_total_time={max(int(seconds / 4), 1)}",
                              f"-timeout={max(int(deadline), 1)}", f"-exact_artifact_path={dst}",
                              str(src)], env=run_env, stdout=subprocess.DEVNULL,
@@ -214,7 +236,8 @@ def rerun(binary: Path, data_path: Path, env: dict, timeout: float) -> str | Non
     env = dict(env, HARNESS_FUZZ_TRACE="1", HARNESS_FUZZ_ABORT="1")
     env.pop("HARNESS_FUZZ_EVENTS", None)
     try:
-        r = subprocess.run([str(binary), f"-timeout={max(int(timeout), 1)}", str(data_path)],
+        r = subprocess.run([str(binary), NO_RSS_THREAD, f"-timeout={max(int(timeout), 1)}",
+                            str(data_path)],
                            env=env, capture_output=True, text=True, errors="replace",
                            timeout=timeout * 3 + 30)
     except subprocess.TimeoutExpired as e:
@@ -432,6 +455,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         "server_coverage": server_coverage, "binary": str(build.binary),
     })
     report["messages_counted"] = False  # in process one execution is one connection
+    report["workers_never_listened"] = []  # no server listens: executions say it ran
+    report["problems"] = campaign_problems(report, cfg.min_messages)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "report.md").write_text(render_libfuzzer_markdown(report, out))
     if not cfg.keep_work:
@@ -457,23 +482,50 @@ def _class_of(sig: dict) -> str:
     return "abort" if sig.get("signal") == "SIGABRT" else sig.get("signal") or "crash"
 
 
+def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None]:
+    """The live server a finding replays against, and why it cannot run (None: it can).
+    A sanitizer error needs the pin's sanitizer build: the release server mostly survives
+    it (a memcpy between overlapping ranges, an out-of-bounds read inside the heap)."""
+    if sig.kind != "crash" or sanitizer.report_key(sig.line) is None:
+        return cfg.target, None
+    if cfg.sanitizer_target:
+        return cfg.sanitizer_target, None
+    from ...impls.registry import get_peer, resolve_pin
+    from ...impls.errors import PeerError
+    pin = TargetSpec.parse(cfg.target).name
+    try:
+        name = resolve_pin(pin).variant(sanitize=SANITIZE).name
+        peer = get_peer(name)
+    except PeerError as e:
+        return f"{pin}+asan+ubsan", str(e)
+    if not peer.available:
+        return name, (f"{name} is not built (`harness peers build {pin} --sanitize "
+                      f"{','.join(SANITIZE)}`)")
+    return name, None
+
+
 def _save(cfg: LibFuzzerConfig, f: Failure, out: Path, dialect: str, seen: Counter, *,
           minimised: bool = False, original_steps: int | None = None) -> dict:
     from ..replay import replay
     folder = out / "crashes" / f.signature.id
     case = lfc.input_to_case(f.data, dialect)
+    target, missing = replay_target(cfg, f.signature)
+    # The reproducer's own target (its replay command and test_repro.py) is that live server.
     finding = save_reproducer(folder, signature=f.signature, case=case, outcome=None,
-                              target=cfg.target, dialect=dialect, detail=f.detail,
+                              target=target, dialect=dialect, detail=f.detail,
                               extra={"engine": ENGINE, "confirmed": True, "minimised": minimised,
                                      "original_steps": original_steps or len(case.steps),
                                      "occurrences": seen[f.signature], "source": f.source,
-                                     "input": "input.bin"})
+                                     "input": "input.bin", "campaign_target": cfg.target})
     (folder / "input.bin").write_bytes(f.data)
     if f.report:
         (folder / "report.txt").write_text(f.report)
     if cfg.replay:
+        finding["replayed_against"] = target
         try:
-            result = replay(folder / "repro.rpct", cfg.target, dialect=dialect,
+            if missing:
+                raise TargetError(missing)
+            result = replay(folder / "repro.rpct", target, dialect=dialect,
                             deadline=cfg.deadline, as_limit=cfg.as_limit,
                             rss_limit=cfg.rss_limit)
             finding["replays"] = result.reproduced
@@ -518,9 +570,11 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
     lines.append("")
     replayed = [f for f in r["findings"] if "live_observed" in f]
     if replayed:
-        lines += ["Replayed against the live server (`harness replay`):", "",
-                  "| id | reproduced | live server |", "|---|---|---|"]
-        lines += [f"| {f['id']} | {'yes' if f.get('replays') else 'no'} | "
+        lines += ["Replayed against the live server (`harness replay`; sanitizer errors "
+                  "against the pin's sanitizer build):", "",
+                  "| id | replayed against | reproduced | live server |", "|---|---|---|---|"]
+        lines += [f"| {f['id']} | `{f.get('replayed_against', r['target'])}` | "
+                  f"{'yes' if f.get('replays') else 'no'} | "
                   f"{(f.get('live_observed') or 'survived').replace('|', '/')} |"
                   for f in replayed]
         lines.append("")

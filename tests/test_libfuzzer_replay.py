@@ -1,0 +1,173 @@
+"""libFuzzer findings replayed against the live server: sanitizer errors against the pin's
+sanitizer build, matched by their class and faulting frame whatever the exit status."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from harness.fuzz import sanitizer
+from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, replay_target
+from harness.fuzz.replay import ReplayResult
+from harness.fuzz.target import Signature
+
+ROOT = Path(__file__).resolve().parent.parent
+FIX = ROOT / "fixtures" / "libfuzzer"
+OVERLAP = ("AddressSanitizer: memcpy-param-overlap in ggml_backend_cpu_buffer_cpy_tensor "
+           "(ggml-backend.cpp) < rpc_server::copy_tensor (ggml-rpc.cpp) < rpc_serve_client "
+           "(ggml-rpc.cpp)")
+# The same error as the live sanitizer server reports it: its build keeps one more frame.
+OVERLAP_LIVE = ("AddressSanitizer: memcpy-param-overlap in ggml_backend_cpu_buffer_cpy_tensor "
+                "(ggml-backend.cpp) < ggml_backend_buffer_copy_tensor (ggml-backend.cpp) < "
+                "rpc_server::copy_tensor (ggml-rpc.cpp)")
+ASSERT = "ggml.c:1644: GGML_ASSERT(ctx->mem_buffer != NULL) failed"
+
+
+def sig(line: str, signal: str = "exit 1", command: str = "COPY_TENSOR") -> Signature:
+    return Signature("crash", signal, line, command)
+
+
+def result(expected: Signature, observed: Signature | None) -> ReplayResult:
+    return ReplayResult(expected, observed, "", "p7+asan+ubsan", 4)
+
+
+def test_report_key_is_class_and_faulting_frame():
+    assert sanitizer.report_key(OVERLAP) == (
+        "AddressSanitizer: memcpy-param-overlap", "ggml_backend_cpu_buffer_cpy_tensor "
+        "(ggml-backend.cpp)")
+    assert sanitizer.report_key("AddressSanitizer: SEGV (zero page) READ") == (
+        "AddressSanitizer: SEGV (zero page) READ", "")
+    assert sanitizer.report_key(ASSERT) is None
+    assert sanitizer.same_report(OVERLAP, OVERLAP_LIVE)
+    assert not sanitizer.same_report(ASSERT, ASSERT)  # aborts compare by their whole line
+
+
+def test_sanitizer_error_replays_whatever_the_exit_status():
+    assert result(sig(OVERLAP), sig(OVERLAP_LIVE, "SIGABRT")).reproduced
+
+
+def test_what_does_not_count_as_reproducing_a_sanitizer_error():
+    expected = sig(OVERLAP)
+    assert not result(expected, None).reproduced  # the release server survives it
+    assert not result(expected, sig(ASSERT, "SIGABRT")).reproduced  # a different death
+    other_class = OVERLAP_LIVE.replace("memcpy-param-overlap", "heap-buffer-overflow")
+    assert not result(expected, sig(other_class, "SIGABRT")).reproduced
+    other_frame = OVERLAP_LIVE.replace("in ggml_backend_cpu_buffer_cpy_tensor",
+                                       "in ggml_backend_tensor_copy")
+    assert not result(expected, sig(other_frame, "SIGABRT")).reproduced
+    hang = Signature("hang", "", OVERLAP_LIVE, "COPY_TENSOR")
+    assert not result(expected, hang).reproduced
+
+
+def test_only_sanitizer_errors_go_to_the_sanitizer_build():
+    cfg = LibFuzzerConfig(target="p7", sanitizer_target="p7+asan+ubsan")
+    assert replay_target(cfg, sig(ASSERT, "SIGABRT")) == ("p7", None)
+    assert replay_target(cfg, Signature("memory", "", "libFuzzer: out-of-memory (malloc)",
+                                        "ALLOC_BUFFER")) == ("p7", None)
+    assert replay_target(cfg, sig(OVERLAP)) == ("p7+asan+ubsan", None)
+
+
+def test_checked_in_input_is_the_generators():
+    sys.path.insert(0, str(FIX))
+    try:
+        from make_inputs import INPUTS
+    finally:
+        sys.path.remove(str(FIX))
+    for name, make in INPUTS.items():
+        assert (FIX / name).read_bytes() == make(), f"rerun fixtures/libfuzzer/make_inputs.py"
+
+
+# ---------------------------------------------------------------- the real builds
+
+def _builds():
+    from harness.fuzz.libfuzzer.build import build_target
+    from harness.impls.registry import get_peer
+    try:
+        lf = build_target("p7", "libfuzzer")
+        live = get_peer("p7+asan+ubsan")
+    except Exception as e:  # noqa: BLE001 - no pin or no toolchain here
+        pytest.skip(f"no in-process p7 target: {e}")
+    if not live.available:
+        pytest.skip("p7+asan+ubsan is not built (`harness peers build p7 --sanitize "
+                    "address,undefined`)")
+    return lf
+
+
+def _finding(tmp_path: Path, cfg: LibFuzzerConfig) -> tuple[Path, dict]:
+    """The fixture input through the engine's triage and save steps, as a campaign would."""
+    from harness.fuzz.libfuzzer.engine import Failure, _save, rerun, sanitizer_env, signature_of
+    binary = _builds().binary
+    data_path = FIX / "copy-tensor-overlap.bin"
+    data = data_path.read_bytes()
+    log = rerun(binary, data_path, sanitizer_env(cfg, None), cfg.deadline)
+    assert log is not None, "the in-process target ran the overlap to the end"
+    signature, detail = signature_of(log, "7.0.0", data)
+    assert signature.line == OVERLAP and signature.command == "COPY_TENSOR"
+    out = tmp_path / cfg.target.replace("+", "_")
+    finding = _save(cfg, Failure(signature, data, detail, "fixture", log), out, "7.0.0",
+                    Counter({signature: 1}))
+    return out / "crashes" / finding["id"], finding
+
+
+def _cli_replay(folder: Path, target: str) -> subprocess.CompletedProcess:
+    harness = Path(sys.executable).with_name("harness")
+    return subprocess.run([str(harness), "replay", str(folder), "--target", target],
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, COLUMNS="200"))
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_sanitizer_only_finding_replays_against_the_sanitizer_build(tmp_path):
+    folder, finding = _finding(tmp_path, LibFuzzerConfig(target="p7"))
+    assert finding["replayed_against"] == "p7+asan+ubsan"
+    assert finding["replays"] is True, finding["live_observed"]
+    saved = json.loads((folder / "finding.json").read_text())
+    assert saved["replayed_against"] == "p7+asan+ubsan" and saved["campaign_target"] == "p7"
+    assert "--target p7+asan+ubsan" in saved["replay"]
+
+    live = _cli_replay(folder, "p7+asan+ubsan")
+    assert live.returncode == 1, live.stdout + live.stderr
+    assert "REPRODUCED" in live.stdout and "AddressSanitizer: memcpy-param-overlap" in live.stdout
+    # The release server survives the overlap: only the sanitizer build shows it.
+    plain = _cli_replay(folder, "p7")
+    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert "the target survived" in plain.stdout and "not reproduced" in plain.stdout
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_planted_fault_replay_against_the_release_server_is_not_reproduced(tmp_path):
+    """The replay step pointed at the release build: the finding must not count as replayed."""
+    _, finding = _finding(tmp_path, LibFuzzerConfig(target="p7", sanitizer_target="p7"))
+    assert finding["replayed_against"] == "p7"
+    assert finding["replays"] is False and finding["live_observed"] is None
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_sanitizer_server_allocates_under_its_bound_instead_of_rlimit_as(tmp_path):
+    """RLIMIT_AS made every allocation of an ASan server fail (ggml_init asserted on the first
+    request); its bound is ASan's max_allocation_size_mb: a buffer under it is allocated, one
+    over it fails the way ALLOC_BUFFER fails, and the server lives on."""
+    from harness.fuzz.target import Target, TargetSpec
+    from harness.reference.client import RefClient
+    _builds()
+    t = Target(TargetSpec.parse("p7+asan+ubsan"), tmp_path / "t", as_limit=256 << 20)
+    t.start()
+    try:
+        assert t.sanitized
+        client = RefClient.connect(t.host, t.port, t.dialect, timeout=60)  # says HELLO
+        small, _ = client.alloc_buffer(64 << 20)
+        big, _ = client.alloc_buffer(512 << 20)
+        client.close()
+        assert small != 0 and big == 0
+        assert t.exit_info() is None
+    finally:
+        t.stop()
