@@ -82,7 +82,8 @@ class DifferentialError(ValueError):
     """Bad differential set-up (allow-list file, targets of different dialects)."""
 
 
-def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
+def load_allow(path: Path | None, *, defaults: bool = True,
+               _including: set[Path] | None = None) -> list[dict]:
     entries = list(DEFAULT_ALLOW) if defaults else []
     if path is None:
         return entries
@@ -93,6 +94,14 @@ def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
     if not isinstance(data, list):
         raise DifferentialError(f"{path}: an allow-list is a list of entries")
     for e in data:
+        if isinstance(e, dict) and set(e) == {"include"}:
+            # another list's entries (a patched build shares its base's real-server bugs)
+            chain = (_including or set()) | {Path(path).resolve()}
+            included = Path(path).parent / str(e["include"])
+            if included.resolve() in chain:
+                raise DifferentialError(f"{path}: include cycle through {included}")
+            entries += load_allow(included, defaults=False, _including=chain)
+            continue
         if not isinstance(e, dict) or "cmd" not in e or e.get("kind", "answer") not in (
                 "answer", "close", "death"):
             raise DifferentialError(f"{path}: bad entry {e!r} (needs cmd, kind answer|close|"
@@ -156,19 +165,30 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
 def _close_causes(case: Case, lo: int, hi: int) -> str:
     """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
     mutated step from the last step both sides answered to the first one neither did
-    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` when one
-    of those steps points into a buffer freed before it. Whether freed memory lies inside a
-    later buffer is the allocator's choice (the real server's malloc sometimes hands it out
-    again, the reference never), so it is compared as that symbol, not as an outcome."""
+    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` /
+    ``stale-handle`` when a step where the first side to stop may have stopped (from ``lo``
+    to the next step with an answer) names a buffer freed before it, and not allocated again
+    since, by a data pointer / by its handle. What malloc does with freed memory is the
+    allocator's choice: the real server sometimes places a later buffer over the freed
+    range, and gives the freed handle struct to the next ALLOC_BUFFER only when no request
+    in between took that chunk (the same steps after other sessions on the same process go
+    either way), while the reference never hands memory out twice and always reuses the
+    last freed handle. So those are compared as symbols, not as outcomes."""
     tags = set()
-    for at in range(lo, min(hi + 1, len(case.steps))):
-        s = case.steps[at]
-        if s.desc:
+    stop = next((k for k in range(lo, len(case.steps)) if case.steps[k].expect), hi)
+    freed: set[int] = set()  # buffer indices whose last event so far is a FREE_BUFFER
+    for at, s in enumerate(case.steps[:min(max(hi, stop) + 1, len(case.steps))]):
+        if lo <= at <= hi and s.desc:
             tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
-        freed = {r.index for p in case.steps[:at] if p.cmd == "FREE_BUFFER"
-                 for r in p.relocs if r.kind == HANDLE and r.addend == 0}
-        if any(r.kind == BASE and r.index in freed for r in s.relocs):
-            tags.add("stale-base")
+        if lo <= at <= stop:
+            if any(r.kind == BASE and r.index in freed for r in s.relocs):
+                tags.add("stale-base")
+            if any(r.kind == HANDLE and r.addend == 0 and r.index in freed for r in s.relocs):
+                tags.add("stale-handle")
+        if s.cmd == "FREE_BUFFER":
+            freed |= {r.index for r in s.relocs if r.kind == HANDLE and r.addend == 0}
+        elif s.learn is not None and s.learn[0] == HANDLE:
+            freed.discard(s.learn[1])
     return " ".join(sorted(tags)) or "valid"
 
 
