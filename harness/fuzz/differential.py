@@ -265,6 +265,9 @@ class DifferentialConfig:
     dialect: str | None = None
     duration: float = 120.0
     seed: int | None = None
+    # Stop after this many sessions (a fixed seed then gives the same sessions on any
+    # machine speed, where a duration gives more on a faster one); the duration still bounds.
+    max_cases: int | None = None
     out: Path | None = None
     deadline: float = 5.0
     as_limit: int = DEFAULT_AS_LIMIT
@@ -332,6 +335,9 @@ def run_differential(cfg: DifferentialConfig, *,
     errors: list[dict] = []
     t0 = time.time()
     end = t0 + cfg.duration
+
+    def more() -> bool:
+        return time.time() < end and (cfg.max_cases is None or stats["cases"] < cfg.max_cases)
     rng = random.Random(seed)
     corpus = Corpus()
     dialect = None
@@ -371,14 +377,14 @@ def run_differential(cfg: DifferentialConfig, *,
             emit()
 
         round_no = 0
-        while time.time() < end:
+        while more():
             @settings(database=None, max_examples=cfg.round_examples, deadline=None,
                       phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
                       verbosity=Verbosity.quiet)
             @hyp_seed(seed * 1_000_003 + round_no)
             @given(st.data())
             def generated(data):
-                if time.time() < end:
+                if more():
                     case = data.draw(strategy)
                     stats["generated"] += 1
                     one(case)
@@ -391,7 +397,7 @@ def run_differential(cfg: DifferentialConfig, *,
             round_no += 1
             share = min(max(cfg.evolve_share, 0.0), 0.99)
             for _ in range(int((stats["generated"] - n0) * share / (1 - share))):
-                if time.time() >= end or not corpus:
+                if not more() or not corpus:
                     break
                 stats["evolved"] += 1
                 one(mutate(corpus.pick(rng), corpus, rng))
