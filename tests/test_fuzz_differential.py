@@ -85,6 +85,7 @@ def test_a_planted_difference_is_one_minimised_finding_that_replays(tmp_path):
     (f,) = report["findings"]
     assert f["signature"]["command"] == "SET_TENSOR_HASH", f
     assert f["steps"] <= 2, f["listing"]  # HELLO + SET_TENSOR_HASH
+    assert f["replays_on_fresh_targets"] is True, f
     folder = out / "divergences" / f["id"]
     assert {p.name for p in folder.iterdir()} >= {"repro.rpct", "a.rpct", "b.rpct",
                                                   "finding.json"}

@@ -467,12 +467,18 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
     final = compare(minimal, runs, pair.labels, allow)
     if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
         minimal, runs, final = case, pair.run(case), div
+    # `harness replay` starts both targets afresh: say whether that shows it (no: the outcome
+    # depends on what earlier sessions left in a server process, such as its heap's layout)
+    fresh, _ = run_pair(minimal, cfg.a, cfg.b, dialect=dialect, deadline=cfg.deadline,
+                        allow=allow)
     return save_divergence(out / "divergences" / finding_id(div), minimal, runs, final,
                            cfg=cfg, labels=pair.labels, dialect=dialect,
                            extra={"original_steps": len(case.steps),
                                   "minimise_seconds": round(time.monotonic() - t0, 1),
                                   "minimise_attempts": budget.attempts,
-                                  "found_after_s": round(found_after, 1)})
+                                  "found_after_s": round(found_after, 1),
+                                  "replays_on_fresh_targets": fresh is not None
+                                  and _dedupe_key(fresh) == _dedupe_key(div)})
 
 
 def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,
@@ -545,7 +551,11 @@ def render_markdown(r: dict) -> str:
     for f in r["findings"]:
         lines += [f"### {f['id']}", "", f"{f['title']}", "", f"Detail: {f['detail']}", "",
                   f"Minimised from {f.get('original_steps')} to {f['steps']} steps; both sides' "
-                  f"transcripts next to the reproducer (`a.rpct`, `b.rpct`).", "",
+                  f"transcripts next to the reproducer (`a.rpct`, `b.rpct`). "
+                  + ("Replays on freshly started targets." if f.get("replays_on_fresh_targets")
+                     else "Does not replay on freshly started targets: the outcome depends on "
+                          "what earlier sessions left in a server process (its heap, say)."),
+                  "",
                   "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
     if not r["findings"]:
         lines += ["None beyond the allow-list.", ""]
