@@ -192,11 +192,16 @@ def _close_causes(case: Case, lo: int, hi: int) -> str:
     return " ".join(sorted(tags)) or "valid"
 
 
+def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
+    """The first entry naming the kind and command (``cmd: "*"``: any) whose optional
+    ``match``, a regular expression, the divergence's line contains (e.g. one assert of one
+    side); None if no entry allows it."""
+    return next((e for e in allow if e["kind"] == kind and e["cmd"] in (cmd, "*")
+                 and (e.get("match") is None or re.search(e["match"], line))), None)
+
+
 def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
-    """An entry names the kind and command (``cmd: "*"``: any); its optional ``match`` is a
-    regular expression the divergence's line must contain (e.g. one assert of one side)."""
-    return any(e["kind"] == kind and e["cmd"] in (cmd, "*")
-               and (e.get("match") is None or re.search(e["match"], line)) for e in allow)
+    return _allowing(allow, kind, cmd, line) is not None
 
 
 @dataclass
@@ -208,8 +213,14 @@ class Divergence:
 
 
 def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tuple[str, str],
-            allow: list[dict]) -> Divergence | None:
-    """How side B's run differs from side A's, or None (the first difference only)."""
+            allow: list[dict], used: list[dict] | None = None) -> Divergence | None:
+    """How side B's run differs from side A's, or None (the first difference only).
+    ``used`` collects the allow-list entries that let a difference pass."""
+    def allowed_by(entry: dict | None) -> bool:
+        if entry is not None and used is not None:
+            used.append(entry)
+        return entry is not None
+
     (va, oa), (vb, ob) = runs
     ka = va.signature if va else None
     kb = vb.signature if vb else None
@@ -221,7 +232,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
-        if _allowed(allow, "death", cmd, line):
+        if allowed_by(_allowing(allow, "death", cmd, line)):
             return None
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
     # Where a connection ended, as far as the wire proves it: the steps answered before the
@@ -236,17 +247,25 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"
-                        + (" same-step" if oa.proven == ob.proven else "")):
+        if not allowed_by(_allowing(allow, "close", cmd,
+                                    f"{line} <- {_close_causes(case, lo, hi)}"
+                                    + (" same-step" if oa.proven == ob.proven else ""))):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
                 f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
                 f"step {at}", at, case.steps[at])
     for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
-        ra, rb = (_masked(cmd, _renamed(cmd, p), allow) for p in (pa, pb))
-        if ra != rb and not _allowed([e for e in allow if "match" in e], "answer", cmd,
-                                     f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}"):
+        ra, rb = (_renamed(cmd, p) for p in (pa, pb))
+        if ra == rb:
+            continue
+        masks = [e for e in allow if e["kind"] == "answer" and e["cmd"] == cmd
+                 and "match" not in e]
+        ra, rb = (_masked(cmd, r, masks) for r in (ra, rb))
+        if ra == rb:
+            allowed_by(masks[0])
+        elif not allowed_by(_allowing([e for e in allow if "match" in e], "answer", cmd,
+                                      f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}")):
             first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
                          min(len(ra), len(rb)))
             return Divergence(
@@ -332,6 +351,7 @@ def run_differential(cfg: DifferentialConfig, *,
              "allowed": 0, "both_broke": 0, "restarts": 0}
     findings: list[dict] = []
     seen: set[str] = set()
+    hits = [0] * len(allow)  # sessions each allow-list entry let pass
     errors: list[dict] = []
     t0 = time.time()
     end = t0 + cfg.duration
@@ -361,10 +381,13 @@ def run_differential(cfg: DifferentialConfig, *,
                 corpus.offer(case, behaviour(case, runs[0][1]))
             elif runs[0][0] is not None and runs[1][0] is not None:
                 stats["both_broke"] += 1
-            div = compare(case, runs, pair.labels, allow)
+            used: list[dict] = []
+            div = compare(case, runs, pair.labels, allow, used)
             if div is None:
-                if compare(case, runs, pair.labels, []) is not None:
+                if used:
                     stats["allowed"] += 1
+                for e in {id(e): e for e in used}.values():
+                    hits[allow.index(e)] += 1
                 return
             stats["divergences_seen"] += 1
             key = _dedupe_key(div)
@@ -419,7 +442,8 @@ def run_differential(cfg: DifferentialConfig, *,
         "target_kind": "differential", "dialect": dialect, "seed": seed,
         "duration_s": cfg.duration, "elapsed_s": round(elapsed, 1),
         "messages_sent": stats["frames"], "messages_per_s": round(stats["frames"] / elapsed, 1),
-        "cases": stats["cases"], "stats": stats, "allow": allow,
+        "cases": stats["cases"], "stats": stats,
+        "allow": [{**e, "sessions": n} for e, n in zip(allow, hits)],
         "findings": findings, "distinct_signatures": len(findings),
         "nothing_found": not findings and not errors, "errors": errors,
         "workers_never_listened": [i for i, n in enumerate(started) if not n],
@@ -559,8 +583,11 @@ def render_markdown(r: dict) -> str:
                   "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
     if not r["findings"]:
         lines += ["None beyond the allow-list.", ""]
-    lines += ["## Allow-list", "", "| command | kind | bytes | reason |", "|---|---|---|---|"]
+    lines += ["## Allow-list", "", "Sessions: how many divergent sessions each entry let pass.",
+              "", "| command | kind | bytes | match | sessions | reason |",
+              "|---|---|---|---|---|---|"]
     for e in r["allow"]:
-        lines.append(f"| {e['cmd']} | {e['kind']} | {e.get('bytes') or 'all'} | "
-                     f"{e.get('reason', '')} |")
+        match = f"`{e['match']}`".replace("|", "\\|") if e.get("match") else ""
+        lines.append(f"| {e['cmd']} | {e['kind']} | {e.get('bytes') or 'all'} | {match} | "
+                     f"{e.get('sessions', 0):,} | {e.get('reason', '')} |")
     return "\n".join(lines + [""])
