@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
-from harness.fuzz.differential import (answers, load_allow, run_pair)
-from harness.fuzz.execute import OK
+from harness.fuzz.differential import DifferentialError, answers, load_allow, run_pair
+from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.reference.memory import HANDLE_STEP, MemoryPool
 from harness.proto import get_dialect, pack_request
 from harness.proto import ggml
@@ -240,3 +240,95 @@ def test_a_close_after_a_freed_buffer_is_tagged_stale_base_only_then():
     fresh = annotate(d, tuple(_start(d, 4096) + [read]))
     assert "stale-base" in _close_causes(stale, 3, 4)
     assert _close_causes(fresh, 3, 3) == "valid"
+
+
+# ---------------------------------------------------------------- allocator-dependent closes
+
+def _outcome(case, answered: int, status: str):
+    """A run that answered the first ``answered`` steps' expected answers (zeros), then ended
+    with ``status``."""
+    s2c = b"".join(n.to_bytes(8, "little") + bytes(n)
+                   for s in case.steps[:answered] for n in s.expect)
+    return None, Outcome(status, proven=answered, log=[("s2c", 0.0, s2c)])
+
+
+def _stale_handle_session(d, relearn: int = 2, stale_at_end: bool = False):
+    """ALLOC x2, FREE the first, a SET_TENSOR (heap activity), ALLOC into buffer index
+    ``relearn``, then BUFFER_GET_BASE of the freed handle (and a GET_ALIGNMENT); with
+    ``stale_at_end`` the stale lookup comes after an answered GET_ALIGNMENT."""
+    t = _f32(d, 1, 0).with_(buffer=H1, data=sentinel(BASE, 1))
+    stale = step(pack_request(d, m.BufferGetBaseRequest(H0)), "BUFFER_GET_BASE")
+    align = step(pack_request(d, m.GetAlignmentRequest(0)), "GET_ALIGNMENT")
+    steps = _start(d, 4096, 4096) + [
+        step(pack_request(d, m.FreeBufferRequest(H0)), "FREE_BUFFER"), _set(d, t, b"\1" * 4),
+        step(pack_request(d, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",
+             learn=(HANDLE, relearn))]
+    steps += [align, stale] if stale_at_end else [stale, align]
+    return annotate(d, tuple(steps))
+
+
+@DIALECTS
+def test_a_stale_handle_close_is_allowed_and_nothing_broader(proto):
+    """The real server gives a freed handle struct to the next ALLOC_BUFFER only when no
+    request in between took the chunk (p8 closed on the stale BUFFER_GET_BASE after one
+    session and answered it after others); the shipped entry allows a close point at a step
+    naming a freed, not reallocated buffer by its handle, and no other close."""
+    from harness.fuzz.differential import compare
+    d = get_dialect(proto)
+    allow = load_allow(ALLOW[proto])
+    labels = (REAL[proto], f"ref-{proto}")
+
+    def diverges(case, first_unanswered: int):
+        runs = [_outcome(case, first_unanswered, CLOSED), _outcome(case, len(case.steps), OK)]
+        return compare(case, runs, labels, allow)
+
+    stale = _stale_handle_session(d)
+    at = next(i for i, s in enumerate(stale.steps) if s.cmd == "BUFFER_GET_BASE" and i > 6)
+    assert diverges(stale, at) is None
+    # the freed index allocated again: the lookup names a live buffer, not the allocator's
+    # choice, so a different close point is a divergence
+    relearnt = _stale_handle_session(d, relearn=0)
+    assert diverges(relearnt, at) is not None
+    # the early side stopped at the GET_ALIGNMENT before the stale lookup: not covered
+    late = _stale_handle_session(d, stale_at_end=True)
+    assert diverges(late, at) is not None
+
+
+def test_a_relearnt_handle_forgets_the_old_buffers_base():
+    """Evolved cases repeat ALLOC_BUFFER steps, so buffer index i can name a new buffer while
+    its learned base is still the old one's: a tensor {buffer: i, data: base i + k} then
+    pointed into the old buffer, and whether that lay inside the new one was the heap's
+    layout (p8 answered a GET_ALLOC_SIZE after one session and closed after others). The
+    executor forgets base i when it learns handle i."""
+    d = get_dialect("7.0.0")
+    again = step(pack_request(d, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",
+                 learn=(HANDLE, 0))
+    base = step(pack_request(d, m.BufferGetBaseRequest(H0)), "BUFFER_GET_BASE",
+                learn=(BASE, 0))
+    _, runs = run_pair(annotate(d, tuple(_start(d, 4096) + [again])), "ref", "ref")
+    assert runs[0][1].live[HANDLE][0] and runs[0][1].live[BASE][0] == 0
+    _, runs = run_pair(annotate(d, tuple(_start(d, 4096) + [again, base])), "ref", "ref")
+    assert runs[0][1].live[BASE][0]
+
+
+def test_allow_lists_include_others_and_refuse_cycles(tmp_path):
+    flags = load_allow(ROOT / "fixtures/differential/allow-7.0.0+flags.yaml", defaults=False)
+    base = load_allow(ALLOW["7.0.0"], defaults=False)
+    assert flags[:len(base)] == base and len(flags) > len(base)
+    (tmp_path / "a.yaml").write_text("- include: b.yaml\n")
+    (tmp_path / "b.yaml").write_text("- include: a.yaml\n")
+    with pytest.raises(DifferentialError, match="cycle"):
+        load_allow(tmp_path / "a.yaml")
+
+
+def test_the_p7f_direct_receive_assert_is_allowed_for_p7f_only():
+    from harness.fuzz.differential import _allowed
+    flags = load_allow(ROOT / "fixtures/differential/allow-7.0.0+flags.yaml", defaults=False)
+    assertion = ('crash SIGABRT ggml-rpc.cpp:1773: GGML_ASSERT(header.offset + size <= '
+                 'ggml_nbytes(tensor) && "tensor write out of bounds") failed')
+    assert _allowed(flags, "death", "SET_TENSOR", f"p7f broke: {assertion} / survived")
+    # the reference dying there, or the 7.0.0 list without the patch's entry, is not covered
+    assert not _allowed(flags, "death", "SET_TENSOR",
+                        f"ref-7.0.0+flags broke: survived / {assertion}")
+    assert not _allowed(load_allow(ALLOW["7.0.0"], defaults=False), "death", "SET_TENSOR",
+                        f"p7f broke: {assertion} / survived")

@@ -51,7 +51,10 @@ def test_pointers_are_renamed_and_the_first_differing_answer_named():
     other = _run(HELLO, bytes(16), (64).to_bytes(8, "little"))
     assert compare(case, [failed, other], LABELS, []).signature.command == "GET_ALIGNMENT"
     allow = [{"cmd": "GET_ALIGNMENT", "kind": "answer", "bytes": [0, 8]}]
-    assert compare(case, [failed, other], LABELS, allow) is None
+    used: list[dict] = []
+    assert compare(case, [failed, other], LABELS, allow, used) is None
+    assert used == allow  # the entry that let it pass is named (the report counts them)
+    assert compare(case, [a, b], LABELS, allow, used := []) is None and used == []
 
 
 def test_close_points_differ():
@@ -85,6 +88,7 @@ def test_a_planted_difference_is_one_minimised_finding_that_replays(tmp_path):
     (f,) = report["findings"]
     assert f["signature"]["command"] == "SET_TENSOR_HASH", f
     assert f["steps"] <= 2, f["listing"]  # HELLO + SET_TENSOR_HASH
+    assert f["replays_on_fresh_targets"] is True, f
     folder = out / "divergences" / f["id"]
     assert {p.name for p in folder.iterdir()} >= {"repro.rpct", "a.rpct", "b.rpct",
                                                   "finding.json"}

@@ -82,7 +82,8 @@ class DifferentialError(ValueError):
     """Bad differential set-up (allow-list file, targets of different dialects)."""
 
 
-def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
+def load_allow(path: Path | None, *, defaults: bool = True,
+               _including: set[Path] | None = None) -> list[dict]:
     entries = list(DEFAULT_ALLOW) if defaults else []
     if path is None:
         return entries
@@ -93,6 +94,14 @@ def load_allow(path: Path | None, *, defaults: bool = True) -> list[dict]:
     if not isinstance(data, list):
         raise DifferentialError(f"{path}: an allow-list is a list of entries")
     for e in data:
+        if isinstance(e, dict) and set(e) == {"include"}:
+            # another list's entries (a patched build shares its base's real-server bugs)
+            chain = (_including or set()) | {Path(path).resolve()}
+            included = Path(path).parent / str(e["include"])
+            if included.resolve() in chain:
+                raise DifferentialError(f"{path}: include cycle through {included}")
+            entries += load_allow(included, defaults=False, _including=chain)
+            continue
         if not isinstance(e, dict) or "cmd" not in e or e.get("kind", "answer") not in (
                 "answer", "close", "death"):
             raise DifferentialError(f"{path}: bad entry {e!r} (needs cmd, kind answer|close|"
@@ -156,27 +165,43 @@ def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
 def _close_causes(case: Case, lo: int, hi: int) -> str:
     """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
     mutated step from the last step both sides answered to the first one neither did
-    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` when one
-    of those steps points into a buffer freed before it. Whether freed memory lies inside a
-    later buffer is the allocator's choice (the real server's malloc sometimes hands it out
-    again, the reference never), so it is compared as that symbol, not as an outcome."""
+    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` /
+    ``stale-handle`` when a step where the first side to stop may have stopped (from ``lo``
+    to the next step with an answer) names a buffer freed before it, and not allocated again
+    since, by a data pointer / by its handle. What malloc does with freed memory is the
+    allocator's choice: the real server sometimes places a later buffer over the freed
+    range, and gives the freed handle struct to the next ALLOC_BUFFER only when no request
+    in between took that chunk (the same steps after other sessions on the same process go
+    either way), while the reference never hands memory out twice and always reuses the
+    last freed handle. So those are compared as symbols, not as outcomes."""
     tags = set()
-    for at in range(lo, min(hi + 1, len(case.steps))):
-        s = case.steps[at]
-        if s.desc:
+    stop = next((k for k in range(lo, len(case.steps)) if case.steps[k].expect), hi)
+    freed: set[int] = set()  # buffer indices whose last event so far is a FREE_BUFFER
+    for at, s in enumerate(case.steps[:min(max(hi, stop) + 1, len(case.steps))]):
+        if lo <= at <= hi and s.desc:
             tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
-        freed = {r.index for p in case.steps[:at] if p.cmd == "FREE_BUFFER"
-                 for r in p.relocs if r.kind == HANDLE and r.addend == 0}
-        if any(r.kind == BASE and r.index in freed for r in s.relocs):
-            tags.add("stale-base")
+        if lo <= at <= stop:
+            if any(r.kind == BASE and r.index in freed for r in s.relocs):
+                tags.add("stale-base")
+            if any(r.kind == HANDLE and r.addend == 0 and r.index in freed for r in s.relocs):
+                tags.add("stale-handle")
+        if s.cmd == "FREE_BUFFER":
+            freed |= {r.index for r in s.relocs if r.kind == HANDLE and r.addend == 0}
+        elif s.learn is not None and s.learn[0] == HANDLE:
+            freed.discard(s.learn[1])
     return " ".join(sorted(tags)) or "valid"
 
 
+def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
+    """The first entry naming the kind and command (``cmd: "*"``: any) whose optional
+    ``match``, a regular expression, the divergence's line contains (e.g. one assert of one
+    side); None if no entry allows it."""
+    return next((e for e in allow if e["kind"] == kind and e["cmd"] in (cmd, "*")
+                 and (e.get("match") is None or re.search(e["match"], line))), None)
+
+
 def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
-    """An entry names the kind and command (``cmd: "*"``: any); its optional ``match`` is a
-    regular expression the divergence's line must contain (e.g. one assert of one side)."""
-    return any(e["kind"] == kind and e["cmd"] in (cmd, "*")
-               and (e.get("match") is None or re.search(e["match"], line)) for e in allow)
+    return _allowing(allow, kind, cmd, line) is not None
 
 
 @dataclass
@@ -188,8 +213,14 @@ class Divergence:
 
 
 def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tuple[str, str],
-            allow: list[dict]) -> Divergence | None:
-    """How side B's run differs from side A's, or None (the first difference only)."""
+            allow: list[dict], used: list[dict] | None = None) -> Divergence | None:
+    """How side B's run differs from side A's, or None (the first difference only).
+    ``used`` collects the allow-list entries that let a difference pass."""
+    def allowed_by(entry: dict | None) -> bool:
+        if entry is not None and used is not None:
+            used.append(entry)
+        return entry is not None
+
     (va, oa), (vb, ob) = runs
     ka = va.signature if va else None
     kb = vb.signature if vb else None
@@ -201,7 +232,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
-        if _allowed(allow, "death", cmd, line):
+        if allowed_by(_allowing(allow, "death", cmd, line)):
             return None
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
     # Where a connection ended, as far as the wire proves it: the steps answered before the
@@ -216,17 +247,25 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not _allowed(allow, "close", cmd, f"{line} <- {_close_causes(case, lo, hi)}"
-                        + (" same-step" if oa.proven == ob.proven else "")):
+        if not allowed_by(_allowing(allow, "close", cmd,
+                                    f"{line} <- {_close_causes(case, lo, hi)}"
+                                    + (" same-step" if oa.proven == ob.proven else ""))):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
                 f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
                 f"step {at}", at, case.steps[at])
     for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
-        ra, rb = (_masked(cmd, _renamed(cmd, p), allow) for p in (pa, pb))
-        if ra != rb and not _allowed([e for e in allow if "match" in e], "answer", cmd,
-                                     f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}"):
+        ra, rb = (_renamed(cmd, p) for p in (pa, pb))
+        if ra == rb:
+            continue
+        masks = [e for e in allow if e["kind"] == "answer" and e["cmd"] == cmd
+                 and "match" not in e]
+        ra, rb = (_masked(cmd, r, masks) for r in (ra, rb))
+        if ra == rb:
+            allowed_by(masks[0])
+        elif not allowed_by(_allowing([e for e in allow if "match" in e], "answer", cmd,
+                                      f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}")):
             first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
                          min(len(ra), len(rb)))
             return Divergence(
@@ -245,6 +284,9 @@ class DifferentialConfig:
     dialect: str | None = None
     duration: float = 120.0
     seed: int | None = None
+    # Stop after this many sessions (a fixed seed then gives the same sessions on any
+    # machine speed, where a duration gives more on a faster one); the duration still bounds.
+    max_cases: int | None = None
     out: Path | None = None
     deadline: float = 5.0
     as_limit: int = DEFAULT_AS_LIMIT
@@ -309,9 +351,13 @@ def run_differential(cfg: DifferentialConfig, *,
              "allowed": 0, "both_broke": 0, "restarts": 0}
     findings: list[dict] = []
     seen: set[str] = set()
+    hits = [0] * len(allow)  # sessions each allow-list entry let pass
     errors: list[dict] = []
     t0 = time.time()
     end = t0 + cfg.duration
+
+    def more() -> bool:
+        return time.time() < end and (cfg.max_cases is None or stats["cases"] < cfg.max_cases)
     rng = random.Random(seed)
     corpus = Corpus()
     dialect = None
@@ -335,10 +381,13 @@ def run_differential(cfg: DifferentialConfig, *,
                 corpus.offer(case, behaviour(case, runs[0][1]))
             elif runs[0][0] is not None and runs[1][0] is not None:
                 stats["both_broke"] += 1
-            div = compare(case, runs, pair.labels, allow)
+            used: list[dict] = []
+            div = compare(case, runs, pair.labels, allow, used)
             if div is None:
-                if compare(case, runs, pair.labels, []) is not None:
+                if used:
                     stats["allowed"] += 1
+                for e in {id(e): e for e in used}.values():
+                    hits[allow.index(e)] += 1
                 return
             stats["divergences_seen"] += 1
             key = _dedupe_key(div)
@@ -351,14 +400,14 @@ def run_differential(cfg: DifferentialConfig, *,
             emit()
 
         round_no = 0
-        while time.time() < end:
+        while more():
             @settings(database=None, max_examples=cfg.round_examples, deadline=None,
                       phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
                       verbosity=Verbosity.quiet)
             @hyp_seed(seed * 1_000_003 + round_no)
             @given(st.data())
             def generated(data):
-                if time.time() < end:
+                if more():
                     case = data.draw(strategy)
                     stats["generated"] += 1
                     one(case)
@@ -371,7 +420,7 @@ def run_differential(cfg: DifferentialConfig, *,
             round_no += 1
             share = min(max(cfg.evolve_share, 0.0), 0.99)
             for _ in range(int((stats["generated"] - n0) * share / (1 - share))):
-                if time.time() >= end or not corpus:
+                if not more() or not corpus:
                     break
                 stats["evolved"] += 1
                 one(mutate(corpus.pick(rng), corpus, rng))
@@ -393,7 +442,8 @@ def run_differential(cfg: DifferentialConfig, *,
         "target_kind": "differential", "dialect": dialect, "seed": seed,
         "duration_s": cfg.duration, "elapsed_s": round(elapsed, 1),
         "messages_sent": stats["frames"], "messages_per_s": round(stats["frames"] / elapsed, 1),
-        "cases": stats["cases"], "stats": stats, "allow": allow,
+        "cases": stats["cases"], "stats": stats,
+        "allow": [{**e, "sessions": n} for e, n in zip(allow, hits)],
         "findings": findings, "distinct_signatures": len(findings),
         "nothing_found": not findings and not errors, "errors": errors,
         "workers_never_listened": [i for i, n in enumerate(started) if not n],
@@ -441,12 +491,18 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
     final = compare(minimal, runs, pair.labels, allow)
     if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
         minimal, runs, final = case, pair.run(case), div
+    # `harness replay` starts both targets afresh: say whether that shows it (no: the outcome
+    # depends on what earlier sessions left in a server process, such as its heap's layout)
+    fresh, _ = run_pair(minimal, cfg.a, cfg.b, dialect=dialect, deadline=cfg.deadline,
+                        allow=allow)
     return save_divergence(out / "divergences" / finding_id(div), minimal, runs, final,
                            cfg=cfg, labels=pair.labels, dialect=dialect,
                            extra={"original_steps": len(case.steps),
                                   "minimise_seconds": round(time.monotonic() - t0, 1),
                                   "minimise_attempts": budget.attempts,
-                                  "found_after_s": round(found_after, 1)})
+                                  "found_after_s": round(found_after, 1),
+                                  "replays_on_fresh_targets": fresh is not None
+                                  and _dedupe_key(fresh) == _dedupe_key(div)})
 
 
 def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,
@@ -519,12 +575,19 @@ def render_markdown(r: dict) -> str:
     for f in r["findings"]:
         lines += [f"### {f['id']}", "", f"{f['title']}", "", f"Detail: {f['detail']}", "",
                   f"Minimised from {f.get('original_steps')} to {f['steps']} steps; both sides' "
-                  f"transcripts next to the reproducer (`a.rpct`, `b.rpct`).", "",
+                  f"transcripts next to the reproducer (`a.rpct`, `b.rpct`). "
+                  + ("Replays on freshly started targets." if f.get("replays_on_fresh_targets")
+                     else "Does not replay on freshly started targets: the outcome depends on "
+                          "what earlier sessions left in a server process (its heap, say)."),
+                  "",
                   "```", f["replay"], "```", "", "```"] + f["listing"] + ["```", ""]
     if not r["findings"]:
         lines += ["None beyond the allow-list.", ""]
-    lines += ["## Allow-list", "", "| command | kind | bytes | reason |", "|---|---|---|---|"]
+    lines += ["## Allow-list", "", "Sessions: how many divergent sessions each entry let pass.",
+              "", "| command | kind | bytes | match | sessions | reason |",
+              "|---|---|---|---|---|---|"]
     for e in r["allow"]:
-        lines.append(f"| {e['cmd']} | {e['kind']} | {e.get('bytes') or 'all'} | "
-                     f"{e.get('reason', '')} |")
+        match = f"`{e['match']}`".replace("|", "\\|") if e.get("match") else ""
+        lines.append(f"| {e['cmd']} | {e['kind']} | {e.get('bytes') or 'all'} | {match} | "
+                     f"{e.get('sessions', 0):,} | {e.get('reason', '')} |")
     return "\n".join(lines + [""])

@@ -235,6 +235,10 @@ class Executor:
             if s.learn is not None and n in (8, 16):
                 kind, index = s.learn
                 out.live[kind][index] = value
+                if kind == HANDLE:
+                    # Index i now names another buffer: the base learned for the old one is
+                    # not this buffer's (whether it lies inside it is the heap's layout).
+                    out.live[BASE][index] = 0
             out.shapes.add((s.cmd, n, _bucket(value)))
             return
         out.shapes.add((s.cmd, -1, "data"))

@@ -262,7 +262,8 @@ class TargetSpec:
         except PeerError as e:
             raise TargetError(f"unknown target {text!r}: {e} (use a peer name from `harness "
                               "peers list`, ref[-DIALECT], or a server path)") from None
-        proto = dialect or peer.proto or peer.verified_proto
+        # a pin's own dialect where the version alone does not tell (p7f: 7.0.0+flags)
+        proto = dialect or peer.dialect or peer.proto or peer.verified_proto
         d = _dialect_or_none(proto)
         return cls("peer", peer.name, d)
 
