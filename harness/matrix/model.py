@@ -156,7 +156,6 @@ class Matrix(_Strict):
                 raise ValueError(f"expectations.{i}.scenario: unknown scenario {e.scenario!r}")
         return self
 
-
     def _check_emulation(self, dname: str, d: "Design") -> None:
         emu = self.designs.get(d.emulation)
         if emu is None:
