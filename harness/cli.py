@@ -659,6 +659,8 @@ def bench(
 
 
 def main() -> None:
+    from .impls.supervisor import exit_on_sigterm
+    exit_on_sigterm()
     app()
 
 

@@ -1,5 +1,5 @@
-""".ci/system-deps on hosts unlike this one: a CI runner with docker-ce and Chrome already
-installed, and a user without root."""
+""".ci/system-deps on hosts unlike this one (a CI runner with docker-ce and Chrome already
+installed), and a cancelled job: SIGTERM to the harness stops the servers it started."""
 
 from __future__ import annotations
 
@@ -46,3 +46,49 @@ def test_programs_another_package_provides_are_not_reinstalled(tmp_path):
     subprocess.run([shutil.which("bash"), str(SCRIPT)], env=_host(bare, []), check=True, timeout=60)
     wanted = (bare / "apt.log").read_text().splitlines()[-1].split()
     assert "docker.io" in wanted and "chromium" in wanted
+
+
+def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
+    """Start a campaign against the reference server, SIGTERM the harness once its server
+    listens, and return the server processes still alive afterwards."""
+    import signal
+    import sys
+    import time
+
+    import psutil
+    args = ["fuzz", "--target", "ref-7.0.0", "--duration", "120s", "--out", str(tmp_path / "r")]
+    run = subprocess.Popen([sys.executable, "-c", f"import sys, harness.cli as c; "
+                            f"sys.argv = ['harness', *{args!r}]; c.{entry}()"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        proc = psutil.Process(run.pid)
+        servers: list[psutil.Process] = []
+        deadline = time.monotonic() + 60
+        while not servers and time.monotonic() < deadline:
+            servers = [c for c in proc.children(recursive=True)
+                       if "serve" in " ".join(c.cmdline())]
+            time.sleep(0.2)
+        assert servers, "the campaign never started its server"
+        time.sleep(1.0)
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+        _, alive = psutil.wait_procs(servers, timeout=15)
+        return [p.pid for p in alive]
+    finally:
+        if run.poll() is None:
+            run.kill()
+            run.wait()
+
+
+def test_a_terminated_harness_stops_the_servers_it_started(tmp_path):
+    assert _children_after_sigterm(tmp_path, "main") == []
+
+
+def test_without_the_handler_a_terminated_harness_leaves_its_server(tmp_path):
+    """Planted: the command line without main()'s handler (Python's default) leaves the
+    server running."""
+    import signal
+    alive = _children_after_sigterm(tmp_path, "app")
+    assert alive
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
@@ -46,6 +47,21 @@ _POLL_INTERVAL = 0.02
 _BIND_RETRIES = 3
 
 ArgvSpec = Sequence[str] | Callable[[str, int], Sequence[str]]
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (a cancelled CI job, ``kill``) raise SystemExit in the main thread, so the
+    ``finally`` blocks that stop servers, containers and campaigns run. Python's default is to
+    die at once, leaving every server it started running. A handler someone else installed
+    is kept."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_for_signal)
+
+
+def _exit_for_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 class ServerStartError(ImplError):
