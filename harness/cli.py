@@ -659,9 +659,16 @@ def bench(
 
 
 def main() -> None:
-    from .impls.supervisor import exit_on_sigterm
+    from .impls.supervisor import Terminated, exit_on_sigterm, terminated
     exit_on_sigterm()
-    app()
+    try:
+        app()
+    except SystemExit as e:
+        # a command that took SIGTERM as an interrupt (a campaign writes its report) must
+        # still end non-zero
+        if terminated() and not e.code:
+            raise SystemExit(Terminated.exit_code) from None
+        raise
 
 
 if __name__ == "__main__":

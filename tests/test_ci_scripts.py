@@ -50,7 +50,8 @@ def test_programs_another_package_provides_are_not_reinstalled(tmp_path):
 
 def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
     """Start a campaign against the reference server, SIGTERM the harness once its server
-    listens, and return the server processes still alive afterwards."""
+    listens, and return the server processes still alive afterwards (the caller ends them;
+    on a failure here they are killed)."""
     import signal
     import sys
     import time
@@ -60,9 +61,10 @@ def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
     run = subprocess.Popen([sys.executable, "-c", f"import sys, harness.cli as c; "
                             f"sys.argv = ['harness', *{args!r}]; c.{entry}()"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    servers: list[psutil.Process] = []
+    judged = False
     try:
         proc = psutil.Process(run.pid)
-        servers: list[psutil.Process] = []
         deadline = time.monotonic() + 60
         while not servers and time.monotonic() < deadline:
             servers = [c for c in proc.children(recursive=True)
@@ -71,13 +73,21 @@ def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
         assert servers, "the campaign never started its server"
         time.sleep(1.0)
         run.send_signal(signal.SIGTERM)
-        run.wait(timeout=60)
+        rc = run.wait(timeout=60)
         _, alive = psutil.wait_procs(servers, timeout=15)
+        assert rc != 0, "a terminated harness exited 0"
+        judged = True
         return [p.pid for p in alive]
     finally:
         if run.poll() is None:
             run.kill()
             run.wait()
+        if not judged:  # a failing run's servers must not outlive the test
+            for p in servers:
+                try:
+                    p.kill()
+                except psutil.Error:
+                    pass
 
 
 def test_a_terminated_harness_stops_the_servers_it_started(tmp_path):

@@ -49,19 +49,35 @@ _BIND_RETRIES = 3
 ArgvSpec = Sequence[str] | Callable[[str, int], Sequence[str]]
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, delivered as an interrupt: every path that unwinds on Ctrl-C unwinds on it too
+    (hypothesis, which turns other exceptions into examples to shrink, lets it through)."""
+
+    exit_code = 128 + signal.SIGTERM
+
+
 def exit_on_sigterm() -> None:
-    """Make SIGTERM (a cancelled CI job, ``kill``) raise SystemExit in the main thread, so the
-    ``finally`` blocks that stop servers, containers and campaigns run. Python's default is to
-    die at once, leaving every server it started running. A handler someone else installed
-    is kept."""
+    """Make SIGTERM (a cancelled CI job, ``kill``) raise :class:`Terminated` in the main
+    thread, so the ``finally`` blocks that stop servers, containers and campaigns run.
+    Python's default is to die at once, leaving every server it started running. A handler
+    someone else installed is kept."""
     if threading.current_thread() is not threading.main_thread():
         return
     if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         signal.signal(signal.SIGTERM, _exit_for_signal)
 
 
+_terminated = threading.Event()
+
+
+def terminated() -> bool:
+    """Whether SIGTERM arrived (a command that reports an interrupt must not then exit 0)."""
+    return _terminated.is_set()
+
+
 def _exit_for_signal(signum, frame) -> None:
-    raise SystemExit(128 + signum)
+    _terminated.set()
+    raise Terminated()
 
 
 class ServerStartError(ImplError):

@@ -9,6 +9,7 @@ at a time with a backlog of 1, as the real server does.
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 import threading
@@ -183,6 +184,10 @@ def _drive(proto: ServerProtocol, tr: Transport, rbuf: memoryview) -> None:
 def run_server(config: ServerConfig, *, host: str, port: int, serial: bool,
                idle_timeout: float, on_ready: Callable[[ReferenceServer], None] | None = None) -> None:
     """Blocking entry point of ``harness serve``."""
+    # A leaf process ends at once on SIGTERM, as the real server does (the harness's own
+    # handler, which unwinds to stop children, would only delay its supervisor's stop).
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     server = ReferenceServer(config, host=host, port=port, serial=serial,
                              idle_timeout=idle_timeout)
     server.bind()
