@@ -48,7 +48,7 @@ def test_programs_another_package_provides_are_not_reinstalled(tmp_path):
     assert "docker.io" in wanted and "chromium" in wanted
 
 
-def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
+def _children_after_sigterm(tmp_path: Path, entry: str, workers: int = 1) -> list[int]:
     """Start a campaign against the reference server, SIGTERM the harness once its server
     listens, and return the server processes still alive afterwards (the caller ends them;
     on a failure here they are killed)."""
@@ -57,7 +57,8 @@ def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
     import time
 
     import psutil
-    args = ["fuzz", "--target", "ref-7.0.0", "--duration", "120s", "--out", str(tmp_path / "r")]
+    args = ["fuzz", "--target", "ref-7.0.0", "--duration", "120s", "--out", str(tmp_path / "r"),
+            "--workers", str(workers)]
     run = subprocess.Popen([sys.executable, "-c", f"import sys, harness.cli as c; "
                             f"sys.argv = ['harness', *{args!r}]; c.{entry}()"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -66,7 +67,7 @@ def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
     try:
         proc = psutil.Process(run.pid)
         deadline = time.monotonic() + 60
-        while not servers and time.monotonic() < deadline:
+        while len(servers) < workers and time.monotonic() < deadline:
             servers = [c for c in proc.children(recursive=True)
                        if "serve" in " ".join(c.cmdline())]
             time.sleep(0.2)
@@ -90,8 +91,9 @@ def _children_after_sigterm(tmp_path: Path, entry: str) -> list[int]:
                     pass
 
 
-def test_a_terminated_harness_stops_the_servers_it_started(tmp_path):
-    assert _children_after_sigterm(tmp_path, "main") == []
+@pytest.mark.parametrize("workers", [1, 2])  # 2: worker processes, each with its own server
+def test_a_terminated_harness_stops_the_servers_it_started(tmp_path, workers):
+    assert _children_after_sigterm(tmp_path, "main", workers) == []
 
 
 def test_without_the_handler_a_terminated_harness_leaves_its_server(tmp_path):

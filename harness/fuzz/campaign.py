@@ -38,6 +38,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 from hypothesis import strategies as st
 from hypothesis import target as hyp_target
 
+from ..impls.supervisor import exit_on_sigterm, terminated
 from .case import Case
 from .evolve import Corpus, behaviour, mutate
 from .execute import REFUSED, Outcome
@@ -488,6 +489,7 @@ def _worker_entry(cfg_json: dict, index: int, seed: int, out: str, end: float, q
     cfg = CampaignConfig(**{**cfg_json, "out": Path(cfg_json["out"]) if cfg_json["out"] else None,
                             "corpus": Path(cfg_json["corpus"]) if cfg_json["corpus"] else None,
                             "shard": tuple(cfg_json["shard"])})
+    exit_on_sigterm()  # the parent forwards its SIGTERM: unwind, so the target is stopped
     try:
         _Worker(cfg, index, seed, Path(out), end, q.put).run()
     except KeyboardInterrupt:
@@ -601,6 +603,10 @@ def _run_processes(cfg: CampaignConfig, seed: int, out: Path, end: float, progre
             if on_progress is not None:
                 on_progress(progress)
     finally:
+        if terminated():  # each worker stops its own target when it unwinds
+            for p in procs:
+                if p.is_alive():
+                    p.terminate()
         for p in procs:
             p.join(timeout=10)
             if p.is_alive():
