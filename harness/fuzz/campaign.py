@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import psutil
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 from hypothesis import target as hyp_target
@@ -160,15 +161,17 @@ class _Worker:
 
     # -- lifecycle
     def run(self) -> None:
-        self.target.start()
-        self.dialect = self.target.dialect
-        self.runner = CaseRunner(self.target, deadline=self.cfg.deadline, oracles=self.oracles)
-        if self.limits.freeze_wait:
-            self.oracles.is_concurrent()  # once, so the report says which it is
-        # Every server acts on a well-formed COMM_INIT (it listens or connects out), the
-        # reference server included since it links like p8: none comes from the fuzzer.
-        self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps, local_only=True)
         try:
+            # inside the try: an interrupt while the target starts must still stop it
+            self.target.start()
+            self.dialect = self.target.dialect
+            self.runner = CaseRunner(self.target, deadline=self.cfg.deadline,
+                                     oracles=self.oracles)
+            if self.limits.freeze_wait:
+                self.oracles.is_concurrent()  # once, so the report says which it is
+            # Every server acts on a well-formed COMM_INIT (it listens or connects out), the
+            # reference server included since it links like p8: none comes from the fuzzer.
+            self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps, local_only=True)
             self._warm_up()
             round_no = 0
             while time.time() < self.end:
@@ -484,6 +487,16 @@ def _is_hypothesis_error(e: BaseException) -> bool:
     return mod.startswith("hypothesis") or isinstance(e, BaseExceptionGroup)
 
 
+def _descendants(procs) -> list:
+    out = []
+    for p in procs:
+        try:
+            out += psutil.Process(p.pid).children(recursive=True)
+        except (psutil.Error, ValueError):
+            pass
+    return out
+
+
 def _worker_entry(cfg_json: dict, index: int, seed: int, out: str, end: float, q) -> None:
     """Process entry point of one worker (spawned)."""
     cfg = CampaignConfig(**{**cfg_json, "out": Path(cfg_json["out"]) if cfg_json["out"] else None,
@@ -603,6 +616,9 @@ def _run_processes(cfg: CampaignConfig, seed: int, out: Path, end: float, progre
             if on_progress is not None:
                 on_progress(progress)
     finally:
+        # What each worker started: a worker that is killed (or ends through os._exit, as
+        # multiprocessing children do) cannot stop its target itself.
+        started = _descendants(procs)
         if terminated():  # each worker stops its own target when it unwinds
             for p in procs:
                 if p.is_alive():
@@ -612,6 +628,11 @@ def _run_processes(cfg: CampaignConfig, seed: int, out: Path, end: float, progre
             if p.is_alive():
                 p.kill()
                 p.join(timeout=10)
+        for child in started:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass  # already stopped by its worker
         while True:  # drain what arrived after the loop
             try:
                 progress.handle(q.get_nowait())
