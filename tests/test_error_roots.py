@@ -25,10 +25,11 @@ ROOTS = [(harness.proto, ProtocolError), (harness.reference, PeerError),
 
 
 def strays(modules, root: type) -> list[str]:
-    """Exception classes defined in ``modules`` that do not derive from ``root``."""
+    """Exception classes defined in ``modules`` that do not derive from ``root`` (interrupts,
+    such as supervisor.Terminated for SIGTERM, are control flow rather than errors)."""
     return sorted(f"{mod.__name__}.{name}" for mod in modules
                   for name, obj in vars(mod).items()
-                  if inspect.isclass(obj) and issubclass(obj, BaseException)
+                  if inspect.isclass(obj) and issubclass(obj, Exception)
                   and obj.__module__ == mod.__name__ and not issubclass(obj, root))
 
 
