@@ -435,8 +435,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                            "dialect": dialect, "statuses": {}, "coverage": {},
                            "rss_peak": 0}
     progress.findings = findings
-    idle = not timeline.points or last["execs"] == 0
-    if idle:
+    if last["execs"] == 0:  # also when no status line came (Timeline.last's default)
         # Nothing was executed: the log is the only account of why, so it is kept.
         log = out / "libfuzzer.log"
         shutil.copyfile(work / "libfuzzer.log", log)
