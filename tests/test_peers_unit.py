@@ -15,6 +15,7 @@ import socket
 import sys
 import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -277,11 +278,13 @@ def test_unreferenced_server_is_killed_by_its_finalizer(fake_server):
     import psutil
 
     server = ServerProcess.start(_fake_argv(fake_server), name="orphan")
-    pid, popen = server.pid, server.popen
+    pid, popen, workdir = server.pid, server.popen, server.workdir
+    assert workdir.is_dir()
     del server
     gc.collect()
     popen.wait(timeout=10)
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert not workdir.exists(), "the workdir made for the dropped server was left behind"
 
 
 def test_exit_info_classification():
@@ -455,11 +458,13 @@ def test_servers_are_killed_when_the_harness_exits(fake_server):
         from harness.impls.supervisor import ServerProcess
         keep = ServerProcess.start([sys.executable, {str(fake_server)!r}, "{{host}}", "{{port}}"],
                                    name="left-running")
-        print(keep.pid, flush=True)
+        print(keep.pid, keep.workdir, flush=True)
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    pid = int(out.stdout.strip())
+    pid_text, workdir = out.stdout.split(maxsplit=1)
+    pid = int(pid_text)
+    assert not Path(workdir.strip()).exists(), "the server's workdir outlived the harness"
     deadline = time.monotonic() + 5
     while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
         assert time.monotonic() < deadline, "server outlived the harness process"

@@ -248,6 +248,13 @@ def exit_info_from(returncode: int | None, stdout: list[str], stderr: list[str],
                     log_tail=_merge_tail(stdout, stderr, tail))
 
 
+def _abandon(popen: subprocess.Popen, workdirs: list[Path]) -> None:
+    """A server dropped without stop(): kill it, and remove the workdir that was made for it."""
+    _kill_group(popen)
+    for workdir in workdirs:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def _merge_tail(stdout: list[str], stderr: list[str], n: int) -> list[str]:
     # Errors are on stderr, so its lines go last and survive the cut.
     merged = [f"[stdout] {line}" for line in stdout[-n:]] + [f"[stderr] {line}" for line in stderr[-n:]]
@@ -303,12 +310,22 @@ class ServerProcess:
         self.workdir = workdir
         self.stdout_path = workdir / f"{name}.stdout.log"
         self.stderr_path = workdir / f"{name}.stderr.log"
+        # What the finaliser removes if the server is dropped unstopped: a workdir made for it.
+        self._abandoned_dirs: list[Path] = []
         self._owns_workdir = owns_workdir
         self._banner_version: str | None = None
         self._final_logs: tuple[list[str], list[str]] | None = None
         self._exit_info: ExitInfo | None = None
         self.argv: list[str] = list(popen.args) if isinstance(popen.args, list) else []
-        self._finalizer = weakref.finalize(self, _kill_group, popen)
+        self._finalizer = weakref.finalize(self, _abandon, popen, self._abandoned_dirs)
+
+    @property
+    def _owns_workdir(self) -> bool:
+        return bool(self._abandoned_dirs)
+
+    @_owns_workdir.setter
+    def _owns_workdir(self, owns: bool) -> None:
+        self._abandoned_dirs[:] = [self.workdir] if owns else []
 
     # ----------------------------------------------------------------- start
     @classmethod
