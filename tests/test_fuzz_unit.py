@@ -63,6 +63,21 @@ def test_relocation_of_an_unlearned_buffer_counts_from_zero():
     assert U64.unpack_from(relocate(f, [r], {HANDLE: [7], BASE: [0]}), 9)[0] == 16
 
 
+def test_only_whole_reads_are_relocated_in_the_header():
+    """The in-process target relocates inside each of the server's reads (command byte, size,
+    payload): a sentinel across a read boundary of the header is not relocated, the size
+    field itself and any u64 of the payload are."""
+    v = struct.pack("<Q", sentinel(HANDLE, 2) + 5)
+    for start in (0, 2, 5, 8):  # across command/size or size/payload
+        f = bytearray(bytes([10]) + bytes(8) + bytes(16))
+        f[start:start + 8] = v
+        assert find_relocs(bytes(f)) == (), start
+    for start in (1, 9, 12):
+        f = bytearray(bytes([10]) + bytes(8) + bytes(16))
+        f[start:start + 8] = v
+        assert find_relocs(bytes(f)) == (Reloc(start, HANDLE, 2, 5),), start
+
+
 def test_random_bytes_are_not_relocated():
     rng = random.Random(1)
     blob = rng.randbytes(1 << 20)

@@ -79,18 +79,19 @@ def test_checked_in_input_is_the_generators():
         from make_inputs import INPUTS
     finally:
         sys.path.remove(str(FIX))
+    assert sorted(INPUTS) == sorted(p.name for p in FIX.glob("*.bin"))
     for name, make in INPUTS.items():
         assert (FIX / name).read_bytes() == make(), f"rerun fixtures/libfuzzer/make_inputs.py"
 
 
 # ---------------------------------------------------------------- the real builds
 
-def _builds():
+def _builds(live_peer: str = "p7+asan+ubsan"):
     from harness.fuzz.libfuzzer.build import build_target
     from harness.impls.registry import get_peer
     try:
         lf = build_target("p7", "libfuzzer")
-        live = get_peer("p7+asan+ubsan")
+        live = get_peer(live_peer)
     except Exception as e:  # noqa: BLE001 - no pin or no toolchain here
         pytest.skip(f"no in-process p7 target: {e}")
     if not live.available:
@@ -99,16 +100,17 @@ def _builds():
     return lf
 
 
-def _finding(tmp_path: Path, cfg: LibFuzzerConfig) -> tuple[Path, dict]:
-    """The fixture input through the engine's triage and save steps, as a campaign would."""
+def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-overlap.bin",
+             line: str = OVERLAP, command: str = "COPY_TENSOR") -> tuple[Path, dict]:
+    """A fixture input through the engine's triage and save steps, as a campaign would."""
     from harness.fuzz.libfuzzer.engine import Failure, _save, rerun, sanitizer_env, signature_of
-    binary = _builds().binary
-    data_path = FIX / "copy-tensor-overlap.bin"
+    binary = _builds("p7+asan+ubsan" if line == OVERLAP else "p7").binary
+    data_path = FIX / fixture
     data = data_path.read_bytes()
     log = rerun(binary, data_path, sanitizer_env(cfg, None), cfg.deadline)
-    assert log is not None, "the in-process target ran the overlap to the end"
+    assert log is not None, f"the in-process target ran {fixture} to the end"
     signature, detail = signature_of(log, "7.0.0", data)
-    assert signature.line == OVERLAP and signature.command == "COPY_TENSOR"
+    assert signature.line == line and signature.command == command
     out = tmp_path / cfg.target.replace("+", "_")
     finding = _save(cfg, Failure(signature, data, detail, "fixture", log), out, "7.0.0",
                     Counter({signature: 1}))
@@ -148,6 +150,25 @@ def test_planted_fault_replay_against_the_release_server_is_not_reproduced(tmp_p
     _, finding = _finding(tmp_path, LibFuzzerConfig(target="p7", sanitizer_target="p7"))
     assert finding["replayed_against"] == "p7"
     assert finding["replays"] is False and finding["live_observed"] is None
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_a_sentinel_across_the_header_is_replayed_as_the_target_read_it(tmp_path, monkeypatch):
+    """huge-graph-size.bin: a GRAPH_COMPUTE size the server cannot resize to (std::length_error),
+    whose last bytes and the payload's first byte look like a handle. The target reads the
+    size whole and does not relocate across reads; the replay must send the same size."""
+    length_error = "terminate called after throwing an instance of 'std::length_error'"
+    folder, finding = _finding(tmp_path, LibFuzzerConfig(target="p7"), "huge-graph-size.bin",
+                               length_error, "GRAPH_COMPUTE")
+    assert finding["replayed_against"] == "p7"
+    assert finding["replays"] is True, finding["live_observed"]
+    # Planted fault: relocation anywhere in the frame, as before -> another size is sent.
+    import harness.fuzz.case as case_module
+    monkeypatch.setattr(case_module, "_PAYLOAD", 0)
+    _, planted = _finding(tmp_path / "planted", LibFuzzerConfig(target="p7"),
+                          "huge-graph-size.bin", length_error, "GRAPH_COMPUTE")
+    assert planted["replays"] is False
 
 
 @pytest.mark.realpeer

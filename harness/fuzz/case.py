@@ -50,15 +50,22 @@ class Reloc(NamedTuple):
     addend: int
 
 
+# A server reads the command byte, the size and the payload separately, and the in-process
+# target relocates inside each read only (rpc_server_fuzzer.cpp): in the header, only the size
+# field itself is a relocatable u64; one straddling header and payload is left as it is.
+_SIZE_FIELD, _PAYLOAD = 1, 9
+
+
 def find_relocs(frame: bytes) -> tuple[Reloc, ...]:
-    """Every u64 in ``frame`` (at any byte offset) that lies near a sentinel handle or base."""
+    """Every u64 of ``frame`` that lies near a sentinel handle or base: at any byte offset of
+    the payload, or the size field."""
     out = []
     for kind, tag in _TAGS.items():
         base = SENTINEL[kind]
         pos = frame.find(tag, 6)
         while pos >= 0:
             start = pos - 6
-            if start + 8 <= len(frame):
+            if start + 8 <= len(frame) and (start >= _PAYLOAD or start == _SIZE_FIELD):
                 (v,) = _U64.unpack_from(frame, start)
                 index = (v - base + BUFFER_SPACING // 2) // BUFFER_SPACING
                 addend = v - base - index * BUFFER_SPACING
