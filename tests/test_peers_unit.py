@@ -648,3 +648,36 @@ def test_the_client_library_of_a_sanitizer_build_gets_its_runtimes_preloaded(cac
     release = get_pin("p7")
     _fake_entry(release)
     assert client_library_env(release.bin_dir) == {}
+
+
+def test_sanitizer_builds_use_the_in_process_targets_clang_and_checks(monkeypatch):
+    """A live sanitizer server checks what the libFuzzer target checks, so the target's
+    sanitizer findings can replay against it: one clang, one list of checks left out."""
+    from harness.fuzz.libfuzzer.build import SANITIZER_FLAGS
+    from harness.impls import recipe
+    clang = sanitize.Clang("/opt/clang-16", "/opt/clang++-16", "/opt/rt")
+    monkeypatch.setattr(sanitize, "clang_toolchain", lambda: clang)
+    flags = recipe.cmake_flags(get_pin("p7+asan+ubsan"))
+    assert "-DCMAKE_C_COMPILER=/opt/clang-16" in flags
+    assert "-DCMAKE_CXX_COMPILER=/opt/clang++-16" in flags
+    cxx = next(f for f in flags if f.startswith("-DCMAKE_CXX_FLAGS="))
+    fsan = sanitize.compile_flag(("address", "undefined"), clang=True)
+    assert fsan in cxx and fsan in SANITIZER_FLAGS
+    assert "-fno-sanitize=vptr,function,alignment" in fsan
+    link = next(f for f in flags if f.startswith("-DCMAKE_SHARED_LINKER_FLAGS="))
+    assert "-shared-libsan" in link and "-Wl,-rpath,/opt/rt" in link
+    assert not any("COMPILER" in f for f in recipe.cmake_flags(get_pin("p7")))  # a release
+
+    monkeypatch.setattr(sanitize, "clang_toolchain", lambda: None)  # gcc: no clang-only flags
+    gcc = recipe.cmake_flags(get_pin("p7+asan+ubsan"))
+    assert not any("COMPILER" in f or "shared-libsan" in f or "vptr" in f for f in gcc)
+    assert any("-fno-sanitize=alignment" in f for f in gcc)
+
+
+def test_cc_in_the_environment_wins_over_clang(monkeypatch):
+    sanitize.clang_toolchain.cache_clear()
+    monkeypatch.setenv("CC", "gcc")
+    try:
+        assert sanitize.clang_toolchain() is None
+    finally:
+        sanitize.clang_toolchain.cache_clear()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.impls import build as peer_build
+from harness.impls import build as peer_build, sanitize
 from harness.impls.errors import PatchRejected
 from harness.impls.fetch import _cached_download
 from harness.impls.ref_client import RefClientDriver
@@ -144,7 +144,9 @@ def test_sanitizer_p7_answers_a_session_like_the_release(tmp_path):
     asan = _built("p7+asan+ubsan")
     assert asan.sanitize == ("address", "undefined")
     assert asan.manifest["sanitize"] == ["address", "undefined"]
-    assert any(r.startswith("libasan") for r in asan.manifest["sanitizer_runtimes"])
+    clang = sanitize.clang_toolchain()  # clang-16 when installed (its runtime by path), else gcc
+    runtime = f"{clang.runtime_dir}/libclang_rt.asan-" if clang else "libasan.so"
+    assert any(r.startswith(runtime) for r in asan.manifest["sanitizer_runtimes"])
     with start_peer_server(asan, workdir=tmp_path / "env") as server:
         environ = Path(f"/proc/{server.pid}/environ").read_bytes().split(b"\0")
         assert any(e.startswith(b"ASAN_OPTIONS=") and b"abort_on_error=1" in e for e in environ)
@@ -153,6 +155,26 @@ def test_sanitizer_p7_answers_a_session_like_the_release(tmp_path):
     release = get_peer("p7")
     if release.available:
         assert sanitized == _session(release, tmp_path, "release")[0]
+
+
+def test_sanitizer_p7_client_library_runs_a_session_like_the_release(tmp_path):
+    """The instrumented client library loads into an uninstrumented Python only with its
+    runtime preloaded (the manifest's sanitizer_runtimes): read back what it wrote to the
+    release server, as the release library does."""
+    from harness.impls.real_client import CtypesClientDriver
+    asan, release = _built("p7+asan+ubsan"), _built("p7")
+
+    def session(lib_dir: Path, tag: str) -> list:
+        with start_peer_server(release, workdir=tmp_path / tag) as server, \
+                CtypesClientDriver(lib_dir, proto="7.0.0") as driver:
+            driver.run({"op": "connect", "endpoint": server.endpoint})
+            results = [driver.run(step).result for step in BASIC_SESSION]
+            driver.run({"op": "close"})
+            assert server.poll() is None, server.log_tail(30)
+        return [(r.get("fnv"), r.get("size")) for r in results if "fnv" in r]
+
+    sanitized = session(asan.lib_dir, "asan-client")
+    assert sanitized and sanitized == session(release.lib_dir, "release-client")
 
 
 def test_rdma_p7_links_libibverbs_and_serves_over_tcp_without_a_device(tmp_path):

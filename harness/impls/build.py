@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from . import glibc_compat
+from . import glibc_compat, sanitize
 from .cache import entry_lock, install_entry, logs_dir, new_stage_dir, remove_entry
 from .errors import (BuildError, MislabelledPeer, PatchRejected, PeerUnavailable, ToolMissing,
                      VariantUnsupported, VerificationError)
@@ -147,14 +147,23 @@ def _check_rdma_link(pin: Pin, bin_dir: Path) -> list[str] | None:
 
 
 def _sanitizer_runtimes(pin: Pin, bin_dir: Path) -> list[str]:
-    """The sanitizer runtimes the server links (the fuzz side preloads them for the client lib)."""
+    """The sanitizer runtimes the server links (the fuzz side preloads them for the client
+    lib): gcc's by name (the loader finds them), clang's by path (they live in its own dir)."""
     server = bin_dir / pin.server_target
     needed = needed_libraries(server) if pin.sanitize and server.is_file() else None
-    return [n for n in needed or [] if re.match(r"lib(a|ub|t|l)san\.so", n)]
+    clang = sanitize.clang_toolchain()
+    out = []
+    for name in needed or []:
+        if re.match(r"lib(a|ub|t|l)san\.so", name):
+            out.append(name)
+        elif re.match(r"libclang_rt\.\w+-\w+\.so$", name) and clang is not None:
+            out.append(str(Path(clang.runtime_dir) / name))
+    return out
 
 
-def _compiler_version() -> str | None:
-    cc, _ = find_compilers()
+def _compiler_version(pin: Pin) -> str | None:
+    clang = sanitize.clang_toolchain() if pin.sanitize else None
+    cc = clang.cc if clang else find_compilers()[0]
     if cc is None:
         return None
     try:
@@ -359,7 +368,7 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
         "rpc_lib_needed": needed,
         "patch": {"file": pin.patch, "sha256": pin.patch_sha256, "base": pin.base,
                   "report": patch_report} if pin.patch else None,
-        "compiler": _compiler_version() if pin.kind == "sdist" else None,
+        "compiler": _compiler_version(pin) if pin.kind == "sdist" else None,
         "cmake_flags": cmake_flags(pin) if pin.kind == "sdist" else None,
         "glibc_compat_patched": compat_patched,
         "jobs": jobs,

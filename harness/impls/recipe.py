@@ -32,6 +32,7 @@ def cmake_flags(pin: Pin, tests: bool = False) -> list[str]:
     """Everything passed to cmake's configure step for ``pin`` (its variant included)."""
     flags = [f for f in CMAKE_FLAGS if not (pin.sanitize and f.startswith("-DCMAKE_BUILD_TYPE="))]
     flags.append(f"-DGGML_RPC_RDMA={'ON' if pin.rdma else 'OFF'}")
-    flags += sanitize.cmake_flags(pin.sanitize)
+    flags += sanitize.cmake_flags(pin.sanitize,
+                                  sanitize.clang_toolchain() if pin.sanitize else None)
     flags.append(f"-DLLAMA_BUILD_TESTS={'ON' if tests else 'OFF'}")
     return flags

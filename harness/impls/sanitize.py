@@ -12,9 +12,14 @@ it does in the release build (NULL, answered on the wire) instead of as an ASan 
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
 
 # -g and frame pointers: symbolised, complete stacks in the reports; -O1 keeps them readable
 # and the build about as fast as the release one.
@@ -37,23 +42,71 @@ OPTIONS_ENV = {"address": "ASAN_OPTIONS", "undefined": "UBSAN_OPTIONS",
 # a misaligned uint64_t, ggml-rpc.cpp:1759 in graph_compute). That is harmless on the CPUs it
 # runs on, and with halt_on_error it would stop every session at its first graph.
 UNCHECKED = {"undefined": ("alignment",)}
+# clang's UBSan also has checks gcc's lacks that need typed RTTI (vptr, function); OSS-Fuzz
+# leaves them out, and so do the in-process target and the clang-built servers alike.
+CLANG_UNCHECKED = {"undefined": ("vptr", "function")}
 
 
-def compile_flag(sanitizers: tuple[str, ...]) -> str:
+def compile_flag(sanitizers: tuple[str, ...], *, clang: bool = False) -> str:
     """``-fsanitize=...`` (plus ``-fno-sanitize=...`` for the checks left out)."""
-    off = [check for name in sanitizers for check in UNCHECKED.get(name, ())]
+    off = [check for table in ((CLANG_UNCHECKED,) if clang else ()) + (UNCHECKED,)
+           for name in sanitizers for check in table.get(name, ())]
     return "-fsanitize=" + ",".join(sanitizers) + (
         " -fno-sanitize=" + ",".join(off) if off else "")
 
 
-def cmake_flags(sanitizers: tuple[str, ...]) -> list[str]:
-    """cmake -D options that build every target (libraries included) with ``sanitizers``."""
+CLANG_VERSION = "16"  # the in-process libFuzzer target's compiler (harness.fuzz.libfuzzer)
+
+
+@dataclass(frozen=True)
+class Clang:
+    """The clang a sanitizer build is made with, and where its shared runtimes are."""
+
+    cc: str
+    cxx: str
+    runtime_dir: str
+
+
+@functools.cache
+def clang_toolchain() -> Clang | None:
+    """clang-16 when it is installed with its shared sanitizer runtimes (libclang-rt-16-dev),
+    else None (gcc then). With clang a live sanitizer server checks what the in-process libFuzzer
+    target checks: gcc 12's UBSan has no pointer-overflow or null-pointer-arithmetic check, so
+    such a finding of the target could not replay against a gcc-built server. ``CC`` set in
+    the environment is the user's choice and wins."""
+    if os.environ.get("CC"):
+        return None
+    cc, cxx = shutil.which(f"clang-{CLANG_VERSION}"), shutil.which(f"clang++-{CLANG_VERSION}")
+    if not cc or not cxx:
+        return None
+    try:
+        runtime_dir = subprocess.run([cc, "-print-runtime-dir"], capture_output=True, text=True,
+                                     timeout=30, check=True).stdout.strip()
+        with tempfile.TemporaryDirectory() as tmp:
+            src = Path(tmp) / "probe.c"
+            src.write_text("int main(void) { return 0; }\n")
+            linked = subprocess.run([cc, "-fsanitize=address,undefined", "-shared-libsan",
+                                     str(src), "-o", str(Path(tmp) / "probe")],
+                                    capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return Clang(cc, cxx, runtime_dir) if linked and runtime_dir else None
+
+
+def cmake_flags(sanitizers: tuple[str, ...], clang: Clang | None = None) -> list[str]:
+    """cmake -D options that build every target (libraries included) with ``sanitizers``,
+    with ``clang`` when given (else the default compiler). clang links its runtime shared
+    (-shared-libsan, found through the rpath), as gcc does: a Python process loading the
+    instrumented libraries (the ctypes client) preloads that one runtime."""
     if not sanitizers:
         return []
-    fsan = compile_flag(sanitizers)
+    fsan = compile_flag(sanitizers, clang=clang is not None)
     cflags = " ".join([fsan, *COMPILE_FLAGS])
-    return [f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}",
-            f"-DCMAKE_EXE_LINKER_FLAGS={fsan}", f"-DCMAKE_SHARED_LINKER_FLAGS={fsan}",
+    link = f"{fsan} -shared-libsan -Wl,-rpath,{clang.runtime_dir}" if clang else fsan
+    compilers = [f"-DCMAKE_C_COMPILER={clang.cc}", f"-DCMAKE_CXX_COMPILER={clang.cxx}"] \
+        if clang else []
+    return [*compilers, f"-DCMAKE_C_FLAGS={cflags}", f"-DCMAKE_CXX_FLAGS={cflags}",
+            f"-DCMAKE_EXE_LINKER_FLAGS={link}", f"-DCMAKE_SHARED_LINKER_FLAGS={link}",
             "-DCMAKE_BUILD_TYPE=RelWithDebInfo", "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-DNDEBUG",
             "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-DNDEBUG"]
 

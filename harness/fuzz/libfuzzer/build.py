@@ -33,21 +33,20 @@ from ...impls.errors import BuildError
 from ...impls.fetch import download, unpack_sdist
 from ...impls.progress import as_progress
 from ...impls.registry import resolve_pin
+from ...impls.sanitize import CLANG_VERSION, compile_flag
 from ...impls.tools import run_logged, tool_env
 
 HERE = Path(__file__).resolve().parent
 TARGET_NAME = "ggml_rpc_server_fuzzer"
-LLVM_VERSION = "16"
+LLVM_VERSION = CLANG_VERSION  # one clang for the in-process target and the sanitizer peers
 APT_PACKAGES = (f"clang-{LLVM_VERSION}", f"libclang-rt-{LLVM_VERSION}-dev", f"llvm-{LLVM_VERSION}")
 SOURCES = ("build.sh", "rpc_server_fuzzer.cpp", "replay_main.c", f"{TARGET_NAME}.dict")
 FLAVOURS = ("libfuzzer", "coverage")
 
-# UBSan as OSS-Fuzz uses it, minus the checks that need RTTI (vptr, function); alignment is
-# reported but not fatal: every GRAPH_COMPUTE of 7.0.0 binds a u64 reference to a misaligned
-# payload offset (ggml-rpc.cpp graph_compute), which would end every job before any compute.
-SANITIZER_FLAGS = "-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined " \
-                  "-fno-sanitize=vptr,function -fno-sanitize-recover=all " \
-                  "-fsanitize-recover=alignment"
+# ASan and UBSan with the checks the clang-built live sanitizer servers have
+# (harness.impls.sanitize), so every sanitizer finding of this target can replay against one.
+SANITIZER_FLAGS = "-O1 -g -fno-omit-frame-pointer " \
+                  f"{compile_flag(('address', 'undefined'), clang=True)} -fno-sanitize-recover=all"
 COVERAGE_FLAGS = "-O1 -g -fprofile-instr-generate -fcoverage-mapping"
 
 
