@@ -70,7 +70,20 @@ def test_only_sanitizer_errors_go_to_the_sanitizer_build():
     assert replay_target(cfg, sig(ASSERT, "SIGABRT")) == ("p7", None)
     assert replay_target(cfg, Signature("memory", "", "libFuzzer: out-of-memory (malloc)",
                                         "ALLOC_BUFFER")) == ("p7", None)
+    # ASan's RSS counts its shadow memory and quarantine: only a sanitizer server has them
+    assert replay_target(cfg, Signature("memory", "", "AddressSanitizer: out-of-memory (rss)",
+                                        "BUFFER_CLEAR")) == ("p7+asan+ubsan", None)
     assert replay_target(cfg, sig(OVERLAP)) == ("p7+asan+ubsan", None)
+
+
+def test_one_rss_bound_passed_is_one_finding_whoever_saw_it():
+    asan = Signature("memory", "", "AddressSanitizer: out-of-memory (rss)", "BUFFER_CLEAR")
+    sampled = Signature("memory", "", "resident memory above the bound", "FREE_BUFFER")
+    malloc = Signature("memory", "", "libFuzzer: out-of-memory (malloc)", "ALLOC_BUFFER")
+    assert result(asan, sampled).reproduced and result(sampled, asan).reproduced
+    assert not result(asan, malloc).reproduced and not result(malloc, sampled).reproduced
+    assert not result(asan, Signature("crash", "SIGABRT", "AddressSanitizer: out-of-memory (rss)",
+                                      "BUFFER_CLEAR")).reproduced
 
 
 def test_checked_in_input_is_the_generators():
@@ -101,16 +114,18 @@ def _builds(live_peer: str = "p7+asan+ubsan"):
 
 
 def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-overlap.bin",
-             line: str = OVERLAP, command: str = "COPY_TENSOR") -> tuple[Path, dict]:
-    """A fixture input through the engine's triage and save steps, as a campaign would."""
+             line: str = OVERLAP, command: str | None = "COPY_TENSOR",
+             live_peer: str = "p7+asan+ubsan") -> tuple[Path, dict]:
+    """A fixture input through the engine's triage and save steps, as a campaign would
+    (``command`` None: whichever request was running)."""
     from harness.fuzz.libfuzzer.engine import Failure, _save, rerun, sanitizer_env, signature_of
-    binary = _builds("p7+asan+ubsan" if line == OVERLAP else "p7").binary
+    binary = _builds(live_peer).binary
     data_path = FIX / fixture
     data = data_path.read_bytes()
     log = rerun(binary, data_path, sanitizer_env(cfg, None), cfg.deadline)
     assert log is not None, f"the in-process target ran {fixture} to the end"
     signature, detail = signature_of(log, "7.0.0", data)
-    assert signature.line == line and signature.command == command
+    assert signature.line == line and command in (None, signature.command)
     out = tmp_path / cfg.target.replace("+", "_")
     finding = _save(cfg, Failure(signature, data, detail, "fixture", log), out, "7.0.0",
                     Counter({signature: 1}))
@@ -160,15 +175,33 @@ def test_a_sentinel_across_the_header_is_replayed_as_the_target_read_it(tmp_path
     size whole and does not relocate across reads; the replay must send the same size."""
     length_error = "terminate called after throwing an instance of 'std::length_error'"
     folder, finding = _finding(tmp_path, LibFuzzerConfig(target="p7"), "huge-graph-size.bin",
-                               length_error, "GRAPH_COMPUTE")
+                               length_error, "GRAPH_COMPUTE", "p7")
     assert finding["replayed_against"] == "p7"
     assert finding["replays"] is True, finding["live_observed"]
     # Planted fault: relocation anywhere in the frame, as before -> another size is sent.
     import harness.fuzz.case as case_module
     monkeypatch.setattr(case_module, "_PAYLOAD", 0)
     _, planted = _finding(tmp_path / "planted", LibFuzzerConfig(target="p7"),
-                          "huge-graph-size.bin", length_error, "GRAPH_COMPUTE")
+                          "huge-graph-size.bin", length_error, "GRAPH_COMPUTE", "p7")
     assert planted["replays"] is False
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_an_asan_rss_finding_replays_against_the_sanitizer_server_at_the_same_bound(tmp_path):
+    """quarantined-buffers.bin passes a 192 MiB RSS bound only under ASan (its quarantine
+    keeps the freed buffers): the finding replays against the live sanitizer server, where
+    ASan has the same bound, and not against the release server (planted fault)."""
+    rss = "AddressSanitizer: out-of-memory (rss)"
+    cfg = LibFuzzerConfig(target="p7", rss_limit=192 << 20)
+    folder, finding = _finding(tmp_path, cfg, "quarantined-buffers.bin", rss, None)
+    assert finding["signature"]["kind"] == "memory"
+    assert finding["replayed_against"] == "p7+asan+ubsan"
+    assert finding["replays"] is True, finding["live_observed"]
+    assert finding["live_observed"].startswith("memory")
+    release = LibFuzzerConfig(target="p7", rss_limit=192 << 20, sanitizer_target="p7")
+    _, planted = _finding(tmp_path / "planted", release, "quarantined-buffers.bin", rss, None)
+    assert planted["replayed_against"] == "p7" and planted["replays"] is False
 
 
 @pytest.mark.realpeer
@@ -180,10 +213,15 @@ def test_sanitizer_server_allocates_under_its_bound_instead_of_rlimit_as(tmp_pat
     from harness.fuzz.target import Target, TargetSpec
     from harness.reference.client import RefClient
     _builds()
-    t = Target(TargetSpec.parse("p7+asan+ubsan"), tmp_path / "t", as_limit=256 << 20)
+    t = Target(TargetSpec.parse("p7+asan+ubsan"), tmp_path / "t", as_limit=256 << 20,
+               rss_limit=192 << 20)
     t.start()
     try:
         assert t.sanitized
+        environ = Path(f"/proc/{t.server.pid}/environ").read_bytes().split(b"\0")
+        asan = next(e for e in environ if e.startswith(b"ASAN_OPTIONS="))
+        # both bounds in ASan's terms: the RSS one as the in-process target has it
+        assert b"max_allocation_size_mb=256" in asan and b"hard_rss_limit_mb=192" in asan
         client = RefClient.connect(t.host, t.port, t.dialect, timeout=60)  # says HELLO
         small, _ = client.alloc_buffer(64 << 20)
         big, _ = client.alloc_buffer(512 << 20)

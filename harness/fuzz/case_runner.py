@@ -18,6 +18,7 @@ import re
 import time
 from dataclasses import dataclass
 
+from . import sanitizer
 from .case import Case
 from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
 from .target import Signature, Target, normalise
@@ -134,7 +135,7 @@ class CaseRunner:
 
     def _memory_verdict(self, case: Case, out: Outcome) -> Finding:
         rss = self._memory
-        return Finding(Signature("memory", "", "resident memory above the bound",
+        return Finding(Signature("memory", "", sanitizer.RSS_SAMPLED,
                                  culprit(case, out)), case,
                        f"RSS {rss >> 20} MiB > bound {self.target.rss_limit >> 20} MiB", out)
 

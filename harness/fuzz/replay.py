@@ -40,6 +40,9 @@ class ReplayResult:
             return False
         if e is None or o.same_bug(e, command=False):
             return True
+        if o.kind == e.kind == "memory" and sanitizer.rss_bound(o.line) and \
+                sanitizer.rss_bound(e.line):
+            return True  # one RSS bound passed, whichever sampler saw it first
         if o.kind == e.kind and sanitizer.same_report(o.line, e.line):
             # One sanitizer error seen by two builds: how it ends the process is a runtime
             # option (exit 1 in process, SIGABRT from a server with abort_on_error).

@@ -389,17 +389,23 @@ class Target:
             return bool(get_peer(self.spec.peer or self.spec.name).sanitize)
         return self.spec.kind == "binary" and is_sanitized(self.spec.binary)
 
-    def _allocation_bound(self, env: dict[str, str]) -> dict[str, str]:
-        """``env`` with ASan's ``max_allocation_size_mb`` set to the address-space bound for a
-        sanitizer build (with ``allocator_may_return_null`` an allocation above it fails
-        like one beyond RLIMIT_AS does in a release build)."""
-        if not self.as_limit or not self.sanitized:
+    def _sanitizer_bounds(self, env: dict[str, str]) -> dict[str, str]:
+        """``env`` with the bounds of a sanitizer build in ASan's own terms: the address-space
+        bound as ``max_allocation_size_mb`` (with ``allocator_may_return_null`` an allocation
+        above it fails like one beyond RLIMIT_AS does in a release build), and the RSS bound as
+        ``hard_rss_limit_mb`` (as the in-process target has it, so its memory findings replay
+        here). A bound the user set already wins."""
+        if not self.sanitized:
             return env
         options = env.get("ASAN_OPTIONS", "")
-        if "max_allocation_size_mb=" in options:
-            return env  # the user's own bound wins
-        bound = f"max_allocation_size_mb={max(self.as_limit >> 20, 64)}"
-        return {**env, "ASAN_OPTIONS": f"{options}:{bound}" if options else bound}
+        bounds = []
+        if self.as_limit and "max_allocation_size_mb=" not in options:
+            bounds.append(f"max_allocation_size_mb={max(self.as_limit >> 20, 64)}")
+        if self.rss_limit and "hard_rss_limit_mb=" not in options:
+            bounds.append(f"hard_rss_limit_mb={max(self.rss_limit >> 20, 64)}")
+        if not bounds:
+            return env
+        return {**env, "ASAN_OPTIONS": ":".join(filter(None, [options, *bounds]))}
 
     def _take_spare(self) -> ServerProcess | None:
         """The standby process if it came up and still runs; else None (launch afresh, which
@@ -452,7 +458,7 @@ class Target:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
             # start_peer_server, plus the fault shim in the environment.
             argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
-            env = self._allocation_bound(env | self.env)
+            env = self._sanitizer_bounds(env | self.env)
             env = preload_env(with_shim(env, _server_binary(argv)), loopback)
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
                                        name=peer.name, host=self.host, workdir=workdir,
@@ -479,7 +485,7 @@ class Target:
             argv.append("-c")
             env["LLAMA_CACHE"] = str(cache_dir)
         env = with_shim(env, spec.binary) if self.fault_shim else env
-        return ServerProcess.start(argv, preload_env(self._allocation_bound(env), loopback),
+        return ServerProcess.start(argv, preload_env(self._sanitizer_bounds(env), loopback),
                                    name=Path(spec.binary).name, host=self.host,
                                    workdir=workdir, ready_timeout=self.ready_timeout)
 
@@ -601,7 +607,9 @@ class Target:
     def death_verdict(self, info: ExitInfo, command: str) -> tuple[Signature, str]:
         """The signature of a death, and a human detail (the raw log line, exit status)."""
         lines = self.log_lines()
-        sig = Signature("crash", signal_text(info), death_line(lines), command)
+        report = sanitizer.parse(lines)
+        kind = report.kind if report is not None and not report.is_abort else "crash"
+        sig = Signature(kind, signal_text(info), death_line(lines), command)
         raw = _PATH.sub(r"\1", death_line(lines, raw=True))  # no machine paths in reports
         if raw.startswith(sig.signal):  # the fault shim's line names the signal itself
             return sig, raw

@@ -135,9 +135,8 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None) -> dict[str, str]:
                ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:{rss}"
                             "detect_leaks=0:handle_abort=0:symbolize=1:"
                             "print_summary=1:detect_stack_use_after_return=0",
-               # Fatal checks are fatal by the build (-fno-sanitize-recover=all); halting here
-               # too would make the recoverable alignment check end every GRAPH_COMPUTE.
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=0:symbolize=1",
+               # Every check is fatal by the build (-fno-sanitize-recover=all).
+               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1",
                GGML_NO_BACKTRACE="1")
     symbolizer = tool("llvm-symbolizer")
     if symbolizer:
@@ -484,8 +483,13 @@ def _class_of(sig: dict) -> str:
 def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None]:
     """The live server a finding replays against, and why it cannot run (None: it can).
     A sanitizer error needs the pin's sanitizer build: the release server mostly survives
-    it (a memcpy between overlapping ranges, an out-of-bounds read inside the heap)."""
-    if sig.kind != "crash" or sanitizer.report_key(sig.line) is None:
+    it (a memcpy between overlapping ranges, an out-of-bounds read inside the heap). So does
+    the sanitizer runtime's RSS bound: the in-process RSS counts ASan's shadow memory and
+    quarantine, which the sanitizer server has too and the release server has not."""
+    sanitizer_error = sig.kind == "crash" and sanitizer.report_key(sig.line) is not None
+    asan_rss = sig.kind == "memory" and sanitizer.rss_bound(sig.line) and \
+        sig.line.startswith(("AddressSanitizer", "LeakSanitizer"))
+    if not (sanitizer_error or asan_rss):
         return cfg.target, None
     if cfg.sanitizer_target:
         return cfg.sanitizer_target, None
