@@ -78,6 +78,18 @@ def test_only_whole_reads_are_relocated_in_the_header():
         assert find_relocs(bytes(f)) == (Reloc(start, HANDLE, 2, 5),), start
 
 
+def test_relocated_u64s_do_not_overlap():
+    """The scan goes on after a relocated u64 (as the in-process target's does): bytes patched
+    in must not complete a sentinel that was not in the input."""
+    first = struct.pack("<Q", sentinel(HANDLE, 2))
+    # 6 bytes on, the first one's tag starts a second valid one (handle 0 + 0xAA5)
+    f = bytes([10]) + bytes(8) + first + bytes([0, 0, 0, 0xD0, 0xA5, 0x0A])
+    assert U64.unpack_from(f, 15)[0] == sentinel(HANDLE, 0) + 0xAA5
+    assert [r.offset for r in find_relocs(f)] == [9]
+    apart = bytes([10]) + bytes(8) + first + first
+    assert [r.offset for r in find_relocs(apart)] == [9, 17]
+
+
 def test_random_bytes_are_not_relocated():
     rng = random.Random(1)
     blob = rng.randbytes(1 << 20)

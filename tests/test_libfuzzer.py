@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.fuzz.case import BASE, HANDLE, sentinel
+from harness.fuzz.case import BASE, HANDLE, find_relocs, sentinel
 from harness.fuzz.libfuzzer import corpus as lfc
 from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
 from harness.fuzz.libfuzzer.engine import Timeline, _class_of, _frame_start, signature_of
@@ -147,20 +147,27 @@ def _p7_target():
         pytest.skip(f"no in-process p7 target: {e}")
 
 
-def _commands_read(binary: Path, data: bytes, tmp_path: Path) -> list[int]:
+def _traced(binary: Path, data: bytes, tmp_path: Path) -> list[str]:
+    """The target's trace lines for ``data`` (its first run of the input; they agree)."""
     path = tmp_path / "input"
     path.write_bytes(data)
     run = subprocess.run([str(binary), str(path)], capture_output=True, text=True, timeout=120,
                          env={"HARNESS_FUZZ_TRACE": "1", "PATH": "/usr/bin:/bin",
                               "ASAN_OPTIONS": "allocator_may_return_null=1:detect_leaks=0"})
-    runs: list[list[int]] = []
+    runs: list[list[str]] = []
     for x in run.stderr.splitlines():
-        if x.startswith("harness-fuzz: command "):
-            if x.endswith(" at byte 0"):
+        if x.startswith("harness-fuzz: "):
+            if x.endswith("command 14 at byte 0") or x.startswith("harness-fuzz: command ") \
+                    and x.endswith(" at byte 0"):
                 runs.append([])  # libFuzzer may run a file input more than once
-            runs[-1].append(int(x.split()[2]))
+            runs[-1].append(x[len("harness-fuzz: "):])
     assert runs and all(r == runs[0] for r in runs)
     return runs[0]
+
+
+def _commands_read(binary: Path, data: bytes, tmp_path: Path) -> list[int]:
+    return [int(x.split()[1]) for x in _traced(binary, data, tmp_path)
+            if x.startswith("command ")]
 
 
 @pytest.mark.realpeer
@@ -181,6 +188,30 @@ def test_target_relocates_handles_so_valid_sessions_run_to_the_end(tmp_path):
     broken = data.replace(tag, b"\x00\x00")
     assert len(_commands_read(build.binary, broken, tmp_path)) < len(case.steps)
     assert d.ids[read[0]] is Cmd.HELLO and sentinel(BASE, 0)
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_target_and_live_executor_relocate_the_same_u64s(tmp_path):
+    """What the C target relocates (its trace) is what find_relocs relocates, where the two
+    could differ: a u64 whose patched bytes would complete a sentinel of their own (seen in a
+    p7 finding that did not replay), two overlapping sentinels, one across two fields."""
+    build = _p7_target()
+    d = get_dialect(D)
+    h2, b0 = struct.pack("<Q", sentinel(HANDLE, 2)), struct.pack("<Q", sentinel(BASE, 0) + 16)
+    payload = bytes(12) + h2 + bytes([0, 0xD0, 0xA5, 0x0A]) + bytes(5) \
+        + h2 + bytes([0, 0, 0, 0xD0, 0xA5, 0x0A]) + bytes(3) + b0 + bytes(7) + h2[:5] + bytes(9)
+    graph = bytes([d.id_of(Cmd.GRAPH_COMPUTE)]) + struct.pack("<Q", len(payload)) + payload
+    hello_alloc = lfc.case_to_input(valid_cases(1)[0])[:54]  # HELLO + ALLOC_BUFFER
+    assert [d.ids[f[0]] for f in lfc.split_frames(hello_alloc)] == [Cmd.HELLO, Cmd.ALLOC_BUFFER]
+    data = hello_alloc + graph
+    traced = [x for x in _traced(build.binary, data, tmp_path) if x.startswith("relocated ")]
+    ours, pos = [], 0
+    for frame in lfc.split_frames(data):
+        ours += [f"relocated {r.kind} {r.index} at byte {pos + r.offset}"
+                 for r in find_relocs(frame)]
+        pos += len(frame)
+    assert len(ours) == 3 and traced == ours
 
 
 @pytest.mark.realpeer

@@ -53,12 +53,15 @@ class Reloc(NamedTuple):
 # A server reads the command byte, the size and the payload separately, and the in-process
 # target relocates inside each read only (rpc_server_fuzzer.cpp): in the header, only the size
 # field itself is a relocatable u64; one straddling header and payload is left as it is.
+# Relocated u64s never overlap: the scan goes on after a patched one (else the bytes patched
+# in, 0 for a buffer not yet learned, can complete a sentinel that was not in the input).
 _SIZE_FIELD, _PAYLOAD = 1, 9
 
 
 def find_relocs(frame: bytes) -> tuple[Reloc, ...]:
-    """Every u64 of ``frame`` that lies near a sentinel handle or base: at any byte offset of
-    the payload, or the size field."""
+    """The u64s of ``frame`` that lie near a sentinel handle or base, scanning from the left
+    and going on after each one found: at any byte offset of the payload, or the size
+    field."""
     out = []
     for kind, tag in _TAGS.items():
         base = SENTINEL[kind]
@@ -72,8 +75,11 @@ def find_relocs(frame: bytes) -> tuple[Reloc, ...]:
                 if 0 <= index < MAX_BUFFERS and abs(addend) < RELOC_WINDOW:
                     out.append(Reloc(start, kind, index, addend))
             pos = frame.find(tag, pos + 1)
-    out.sort()
-    return tuple(out)
+    kept: list[Reloc] = []
+    for r in sorted(out):
+        if not kept or r.offset >= kept[-1].offset + 8:
+            kept.append(r)
+    return tuple(kept)
 
 
 def relocate(frame: bytes, relocs: Iterable[Reloc], live: dict[str, list[int]]) -> bytes:

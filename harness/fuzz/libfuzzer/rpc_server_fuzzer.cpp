@@ -72,7 +72,9 @@ struct Connection {
         return index < handles.size() ? handles[index] : 0;
     }
 
-    // Relocate every sentinel u64 that starts inside [from, to) (and ends inside the input).
+    // Relocate every sentinel u64 that starts inside [from, to) (and ends inside the input),
+    // from the left; the scan goes on after a patched u64, so the bytes patched in never
+    // complete a sentinel of their own (as harness/fuzz/case.py find_relocs).
     void relocate(size_t from, size_t to) {
         for (size_t s = from; s < to && s + 8 <= input.size(); ++s) {
             uint8_t tag7 = input[s + 7], tag6 = input[s + 6];
@@ -94,6 +96,11 @@ struct Connection {
             }
             uint64_t patched = live(base, (uint64_t)index) + (uint64_t)addend;
             memcpy(&input[s], &patched, 8);
+            if (g_trace) {
+                fprintf(stderr, "harness-fuzz: relocated %s %lld at byte %zu\n",
+                        base ? "base" : "handle", (long long)index, s);
+            }
+            s += 7;
         }
     }
 
