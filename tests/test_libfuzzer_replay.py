@@ -230,3 +230,17 @@ def test_sanitizer_server_allocates_under_its_bound_instead_of_rlimit_as(tmp_pat
         assert t.exit_info() is None
     finally:
         t.stop()
+
+
+def test_one_abort_two_compilers_is_one_finding():
+    """binary-ops.cpp's GGML_ABORT spans two lines: the gcc-built p7 reports 135, the clang-
+    built target 136 (a p7 finding that did not replay). Other aborts stay apart."""
+    clang = sig("binary-ops.cpp:136: binary_op: ...", "SIGABRT", "GRAPH_COMPUTE")
+    gcc = sig("binary-ops.cpp:135: binary_op: ...", "SIGABRT", "GRAPH_COMPUTE")
+    assert result(clang, gcc).reproduced and result(gcc, clang).reproduced
+    far = sig("binary-ops.cpp:95: binary_op: ...", "SIGABRT", "GRAPH_COMPUTE")
+    other_file = sig("unary-ops.cpp:135: binary_op: ...", "SIGABRT", "GRAPH_COMPUTE")
+    other_msg = sig("binary-ops.cpp:135: apply_unary_op: ...", "SIGABRT", "GRAPH_COMPUTE")
+    other_end = sig("binary-ops.cpp:135: binary_op: ...", "SIGSEGV", "GRAPH_COMPUTE")
+    for observed in (far, other_file, other_msg, other_end):
+        assert not result(clang, observed).reproduced, observed

@@ -22,7 +22,8 @@ from . import sanitizer
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
 from .case_runner import CaseRunner
-from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec
+from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec, \
+    same_abort_site
 
 
 @dataclass
@@ -43,6 +44,8 @@ class ReplayResult:
         if o.kind == e.kind == "memory" and sanitizer.rss_bound(o.line) and \
                 sanitizer.rss_bound(e.line):
             return True  # one RSS bound passed, whichever sampler saw it first
+        if (o.kind, o.signal) == (e.kind, e.signal) and same_abort_site(o.line, e.line):
+            return True  # one abort, its __LINE__ as gcc and as clang place it
         if o.kind == e.kind and sanitizer.same_report(o.line, e.line):
             # One sanitizer error seen by two builds: how it ends the process is a runtime
             # option (exit 1 in process, SIGABRT from a server with abort_on_error).

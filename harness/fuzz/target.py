@@ -193,6 +193,21 @@ def _abort_site(text: str) -> str:
     return m.group(1) + first + (": ..." if sep else "")
 
 
+# gcc gives ``__LINE__`` of a macro call that spans lines as its first line, clang as its last
+# (a GGML_ABORT with its arguments on the next line): the same abort is 1-2 lines apart between
+# a gcc-built release server and the clang-built in-process target or sanitizer server.
+MACRO_CALL_LINES = 4
+_SITE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm)):(?P<line>\d+): (?P<msg>.*)$")
+
+
+def same_abort_site(a: str, b: str) -> bool:
+    """Do two abort lines (``file:line: message``) name one abort, as two compilers place it?
+    The same file and message, lines at most MACRO_CALL_LINES - 1 apart."""
+    ma, mb = _SITE.match(a), _SITE.match(b)
+    return bool(ma and mb and ma["file"] == mb["file"] and ma["msg"] == mb["msg"]
+                and abs(int(ma["line"]) - int(mb["line"])) < MACRO_CALL_LINES)
+
+
 def signal_text(info: ExitInfo) -> str:
     if info.signal:
         try:
