@@ -333,6 +333,23 @@ def test_rss_is_bounded_by_the_sanitizer_runtime_not_libfuzzers_rss_thread(tmp_p
     assert rerun(build.binary, path, sanitizer_env(unbounded, None), 60) is None
 
 
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_in_process_rss_bound_is_the_limit_above_the_targets_own_memory(tmp_path):
+    """An input passes the bound in process only if it grew the target's RSS by --rss-limit:
+    libFuzzer's and the target's own memory (tens of MiB a live server does not have) does
+    not count, so a memory finding is not an artefact of running in process."""
+    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, rss_baseline_mb, sanitizer_env
+    build = _p7_target()
+    cfg = LibFuzzerConfig(target="p7", rss_limit=256 << 20)
+    baseline = rss_baseline_mb(build.binary, D, tmp_path, sanitizer_env(cfg, None))
+    assert 8 < baseline < 256, baseline
+    options = sanitizer_env(cfg, None, baseline)["ASAN_OPTIONS"]
+    assert f"hard_rss_limit_mb={256 + baseline}:" in options
+    assert "hard_rss_limit_mb" not in sanitizer_env(LibFuzzerConfig(target="p7", rss_limit=0),
+                                                    None, baseline)["ASAN_OPTIONS"]
+
+
 def test_a_kept_build_dir_naming_a_vanished_tool_is_configured_afresh(tmp_path):
     from harness.fuzz.libfuzzer.build import drop_stale_cmake_cache
     stale, fresh = tmp_path / "stale", tmp_path / "fresh"

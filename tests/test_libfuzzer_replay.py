@@ -118,11 +118,14 @@ def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-o
              live_peer: str = "p7+asan+ubsan") -> tuple[Path, dict]:
     """A fixture input through the engine's triage and save steps, as a campaign would
     (``command`` None: whichever request was running)."""
-    from harness.fuzz.libfuzzer.engine import Failure, _save, rerun, sanitizer_env, signature_of
+    from harness.fuzz.libfuzzer.engine import (Failure, _save, rerun, rss_baseline_mb,
+                                               sanitizer_env, signature_of)
     binary = _builds(live_peer).binary
     data_path = FIX / fixture
     data = data_path.read_bytes()
-    log = rerun(binary, data_path, sanitizer_env(cfg, None), cfg.deadline)
+    (tmp_path / "work").mkdir(parents=True, exist_ok=True)
+    baseline = rss_baseline_mb(binary, "7.0.0", tmp_path / "work", sanitizer_env(cfg, None))
+    log = rerun(binary, data_path, sanitizer_env(cfg, None, baseline), cfg.deadline)
     assert log is not None, f"the in-process target ran {fixture} to the end"
     signature, detail = signature_of(log, "7.0.0", data)
     assert signature.line == line and command in (None, signature.command)

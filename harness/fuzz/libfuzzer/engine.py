@@ -128,9 +128,14 @@ class Timeline:
 NO_RSS_THREAD = "-rss_limit_mb=0"
 
 
-def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None) -> dict[str, str]:
+def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
+                  rss_baseline_mb: int = 0) -> dict[str, str]:
+    """The target's environment. Its RSS bound is ``--rss-limit`` above the target's own
+    resident memory (``rss_baseline_mb``: libFuzzer, the coverage maps, the backend), so what
+    passes it grew as far as a live server's RSS must grow to pass the same bound."""
     as_mb = max(cfg.as_limit >> 20, 64) if cfg.as_limit else 1 << 20
-    rss = f"hard_rss_limit_mb={max(cfg.rss_limit >> 20, 64)}:" if cfg.rss_limit else ""
+    rss = f"hard_rss_limit_mb={max(cfg.rss_limit >> 20, 64) + rss_baseline_mb}:" \
+        if cfg.rss_limit else ""
     env = dict(os.environ,
                ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:{rss}"
                             "detect_leaks=0:handle_abort=0:symbolize=1:"
@@ -144,6 +149,25 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None) -> dict[str, str]:
     if events is not None:
         env["HARNESS_FUZZ_EVENTS"] = str(events)
     return env
+
+
+_PEAK_RSS = re.compile(r"^stat::peak_rss_mb:\s+(\d+)", re.M)
+
+
+def rss_baseline_mb(binary: Path, dialect: str, work: Path, env: dict[str, str]) -> int:
+    """The target's own peak RSS (MiB) on an input that only says HELLO: what every input's
+    memory comes on top of in process (0 when it cannot be read)."""
+    from ..strategies import hello_request_frame
+    hello = work / "hello.input"
+    hello.write_bytes(hello_request_frame(dialect))
+    try:
+        r = subprocess.run([str(binary), "-print_final_stats=1", NO_RSS_THREAD, str(hello)],
+                           env=env, capture_output=True, text=True, errors="replace",
+                           timeout=120)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    m = _PEAK_RSS.search(r.stderr)
+    return int(m.group(1)) if m and r.returncode == 0 else 0
 
 
 def libfuzzer_args(cfg: LibFuzzerConfig, seed: int, dictionary: Path, artifacts: Path,
@@ -389,7 +413,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                 imported += 1
     dictionary = work / f"{TARGET_NAME}.dict"
     lfc.write_dictionary(dictionary, dialect)
-    env = sanitizer_env(cfg, events)
+    baseline = rss_baseline_mb(build.binary, dialect, work, sanitizer_env(cfg, None))
+    env = sanitizer_env(cfg, events, baseline)
     timeline = Timeline()
     remaining = max(cfg.duration - (time.monotonic() - started), 5.0)
 
@@ -450,6 +475,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         "edges_over_time": timeline.sampled(30), "seeds": n_seeds, "imported": imported,
         "exported_cases": exported, "libfuzzer_exit": rc, "artifacts_not_rerun": not_rerun,
         "findings_by_class": dict(Counter(_class_of(f["signature"]) for f in findings)),
+        "rss_baseline_mb": baseline,
         "server_coverage": server_coverage, "binary": str(build.binary),
     })
     report["messages_counted"] = False  # in process one execution is one connection
@@ -560,6 +586,8 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
              f"| edges / features / corpus | {r['edges']:,} / {r['features']:,} / "
              f"{r['corpus_size']:,} |",
              f"| seeds (generator) / imported | {r['seeds']} / {r['imported']} |",
+             f"| RSS bound in process | --rss-limit above the target's own "
+             f"{r.get('rss_baseline_mb', 0)} MiB |",
              f"| corpus exported for live campaigns | {r['exported_cases']} cases in "
              f"`{out}/corpus` (`harness fuzz --target {r['target']} --corpus {out}/corpus`) |",
              f"| artifacts not re-run (beyond {MAX_RERUNS}) | {r['artifacts_not_rerun']} |",
