@@ -176,10 +176,36 @@ def test_real_7_gives_no_oracle_finding(tmp_path):
     new = [f for f in report["findings"] if f["signature"]["kind"] in KINDS]
     # The one true positive p7 has: it allocates (and zero-fills) the length a frame
     # announces before receiving it, so a header announcing GBs makes it grow by GBs. Such a
-    # finding must be an open-ended case that replays; the reference server grows nothing.
+    # finding must be a case that ends mid-frame (held open, or cut by the client's EOF: the
+    # peak counts) and replays; the reference server grows nothing.
     for f in new:
         assert f["signature"]["kind"] == "amplification", f["title"]
         case, _, _ = load(out / "crashes" / f["id"])
-        assert case.open_ended and f["replays"], f["listing"]
+        assert (case.open_ended or case.steps[-1].eof) and f["replays"], f["listing"]
         assert not replay(out / "crashes" / f["id"], "ref").reproduced
     assert report["oracles"]["notes"]["freeze"] == SERIAL_NOTE
+
+
+@realpeer
+def test_memory_given_back_before_any_sample_still_counts(tmp_path, monkeypatch):
+    """p7 allocates and zero-fills the payload a SET_TENSOR header announces before reading
+    it, and frees it when the client hangs up mid-frame: the RSS samples see nothing, the
+    case's peak (the kernel's high-water mark) sees 512 MiB for a few dozen bytes."""
+    from harness.fuzz.oracles import Oracles
+    from harness.fuzz.shrink import save_reproducer
+    from harness.fuzz.target import Signature
+    require_peer_dir()
+    head = bytes([D7.id_of(SetTensorRequest.cmd)]) + (512 << 20).to_bytes(8, "little")
+    steps = (step(hello_request_frame(D7), "HELLO"),
+             step(head + bytes(24), "SET_TENSOR", eof=True))
+    case = annotate(D7, steps)
+    folder = tmp_path / "f"
+    save_reproducer(folder, signature=Signature("amplification", "", "resident memory grew far "
+                    "beyond what the connection sent and asked for", "SET_TENSOR"), case=case,
+                    outcome=None, target="p7", dialect="7.0.0")
+    found = replay(folder, "p7")
+    assert found.reproduced, found.summary()
+    assert "SET_TENSOR" in found.observed.command
+    # Planted fault: the samples alone (no peak) miss it.
+    monkeypatch.setattr(Oracles, "_peak_rss", lambda self: None)
+    assert not replay(folder, "p7").reproduced

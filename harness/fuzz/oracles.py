@@ -4,7 +4,8 @@ Five finding kinds, each with a threshold (``harness fuzz`` options, :class:`Ora
 
 * **amplification** -- resident memory of the target grew by more than ``amplification`` x
   what the connection could justify (request bytes sent plus the ALLOC_BUFFER sizes it asked
-  for) and by more than ``amplification_floor``;
+  for) and by more than ``amplification_floor``, at its peak during the case (the kernel's
+  high-water mark, reset when the case starts), so memory given back before any sample counts;
 * **freeze** -- while one connection is held open mid-frame (a partial header or payload, then
   silence), a HELLO on a fresh connection goes unanswered for ``freeze_wait`` seconds. Only for
   servers that serve connections concurrently: the real 7.0.0 server serves one connection at
@@ -32,6 +33,7 @@ growth (a lazily loaded library) does not come back on the second run and is dro
 from __future__ import annotations
 
 import os
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass, fields
@@ -244,7 +246,29 @@ class Oracles:
         if self.limits.freeze_wait and case.open_ended:
             self.is_concurrent()
         self._rss_during = None
+        if self.limits.amplification:
+            self._reset_peak()
         return self.snapshot(entries=isolated)
+
+    # The kernel's high-water mark of the server's RSS since the case began: memory a request
+    # takes and gives back before any sample (a declared payload size allocated and zeroed,
+    # freed when the client hangs up mid-frame) still counts as what the case cost.
+    def _reset_peak(self) -> None:
+        p = self._process()
+        try:
+            if p is not None:
+                Path(f"/proc/{p.pid}/clear_refs").write_text("5")  # peak RSS := current RSS
+        except OSError:
+            pass  # not Linux, or not ours: the samples alone
+
+    def _peak_rss(self) -> int | None:
+        p = self._process()
+        try:
+            status = Path(f"/proc/{p.pid}/status").read_text() if p is not None else ""
+        except OSError:
+            return None
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+        return int(m.group(1)) << 10 if m else None
 
     @property
     def holding(self) -> bool:
@@ -369,7 +393,8 @@ class Oracles:
         elif (self.limits.spin_seconds and before.cpu is not None and now.cpu is not None
               and now.cpu - before.cpu > self.limits.spin_seconds):
             kind = SPIN
-        elif self._amplified(self._window.rss, self._window_cost):
+        elif self._amplified(self._window.rss, self._window_cost) or \
+                self._amplified(before.rss, cost, self._peak_rss()):  # this case's own peak
             kind = AMPLIFICATION
         elif self.limits.cache and (
                 now.cache_files - self._first.cache_files > self._total_cost.uploads
@@ -436,7 +461,7 @@ class Oracles:
             growth > self.limits.amplification * (cost.bytes + cost.alloc)
 
     def _amplification(self, case: Case, out: Outcome, base: int | None, cost: CaseCost):
-        peak = max(self._rss_during or 0, self._rss() or 0)
+        peak = max(self._rss_during or 0, self._rss() or 0, self._peak_rss() or 0)
         if not self._amplified(base, cost, peak):
             return None
         from .case_runner import culprit
