@@ -194,7 +194,7 @@ def _abort_site(text: str) -> str:
 
 
 # gcc gives ``__LINE__`` of a macro call that spans lines as its first line, clang as its last
-# (a GGML_ABORT with its arguments on the next line): the same abort is 1-2 lines apart between
+# (a GGML_ABORT with its arguments on the next lines): the same abort is lines apart between
 # a gcc-built release server and the clang-built in-process target or sanitizer server.
 MACRO_CALL_LINES = 4
 _SITE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm)):(?P<line>\d+): (?P<msg>.*)$")
