@@ -247,3 +247,22 @@ def test_one_abort_two_compilers_is_one_finding():
     other_end = sig("binary-ops.cpp:135: binary_op: ...", "SIGSEGV", "GRAPH_COMPUTE")
     for observed in (far, other_file, other_msg, other_end):
         assert not result(clang, observed).reproduced, observed
+
+
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_a_failure_on_never_written_memory_replays_against_the_sanitizer_server(tmp_path):
+    """unwritten-ids.bin reads row ids from a buffer nobody wrote: zero in the release server
+    (it survives), ASan's 0xbe fill in process and in the sanitizer server (the row-id assert).
+    The release replay fails, so the finding replays against the sanitizer server and says
+    so; the planted fault (a 'sanitizer server' that is the release one) does not replay."""
+    line = "ops.cpp:5614: GGML_ASSERT(r >= 0 && r < dst->ne[1]) failed"
+    folder, finding = _finding(tmp_path, LibFuzzerConfig(target="p7"), "unwritten-ids.bin",
+                               line, "GRAPH_COMPUTE")
+    assert finding["replayed_against"] == "p7+asan+ubsan" and finding["replays"] is True
+    assert finding["release_replays"] is False and finding["release_observed"] is None
+    saved = json.loads((folder / "finding.json").read_text())
+    assert "--target p7+asan+ubsan" in saved["replay"]
+    _, planted = _finding(tmp_path / "planted", LibFuzzerConfig(
+        target="p7", sanitizer_target="p7"), "unwritten-ids.bin", line, "GRAPH_COMPUTE")
+    assert planted["replays"] is False and "release_replays" not in planted

@@ -517,6 +517,11 @@ def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None
         sig.line.startswith(("AddressSanitizer", "LeakSanitizer"))
     if not (sanitizer_error or asan_rss):
         return cfg.target, None
+    return sanitizer_build(cfg)
+
+
+def sanitizer_build(cfg: LibFuzzerConfig) -> tuple[str, str | None]:
+    """The pin's live sanitizer server, and why it cannot run (None: it can)."""
     if cfg.sanitizer_target:
         return cfg.sanitizer_target, None
     from ...impls.registry import get_peer, resolve_pin
@@ -533,37 +538,60 @@ def replay_target(cfg: LibFuzzerConfig, sig: Signature) -> tuple[str, str | None
     return name, None
 
 
+def _replayed(cfg: LibFuzzerConfig, folder: Path, dialect: str, target: str,
+              missing: str | None) -> dict:
+    from ..replay import replay
+    try:
+        if missing:
+            raise TargetError(missing)
+        result = replay(folder / "repro.rpct", target, dialect=dialect, deadline=cfg.deadline,
+                        as_limit=cfg.as_limit, rss_limit=cfg.rss_limit)
+        return {"replayed_against": target, "replays": result.reproduced,
+                "live_observed": result.observed.title() if result.observed else None}
+    except TargetError as e:
+        return {"replayed_against": target, "replays": None,
+                "live_observed": f"replay could not run: {e}"}
+
+
 def _save(cfg: LibFuzzerConfig, f: Failure, out: Path, dialect: str, seen: Counter, *,
           minimised: bool = False, original_steps: int | None = None) -> dict:
-    from ..replay import replay
     folder = out / "crashes" / f.signature.id
     case = lfc.input_to_case(f.data, dialect)
+
+    def write(target: str) -> dict:
+        # The reproducer's own target (its replay command and test_repro.py) is that server.
+        return save_reproducer(folder, signature=f.signature, case=case, outcome=None,
+                               target=target, dialect=dialect, detail=f.detail,
+                               extra={"engine": ENGINE, "confirmed": True,
+                                      "minimised": minimised,
+                                      "original_steps": original_steps or len(case.steps),
+                                      "occurrences": seen[f.signature], "source": f.source,
+                                      "input": "input.bin", "campaign_target": cfg.target})
+
     target, missing = replay_target(cfg, f.signature)
-    # The reproducer's own target (its replay command and test_repro.py) is that live server.
-    finding = save_reproducer(folder, signature=f.signature, case=case, outcome=None,
-                              target=target, dialect=dialect, detail=f.detail,
-                              extra={"engine": ENGINE, "confirmed": True, "minimised": minimised,
-                                     "original_steps": original_steps or len(case.steps),
-                                     "occurrences": seen[f.signature], "source": f.source,
-                                     "input": "input.bin", "campaign_target": cfg.target})
+    finding = write(target)
     (folder / "input.bin").write_bytes(f.data)
     if f.report:
         (folder / "report.txt").write_text(f.report)
     if cfg.replay:
-        finding["replayed_against"] = target
-        try:
-            if missing:
-                raise TargetError(missing)
-            result = replay(folder / "repro.rpct", target, dialect=dialect,
-                            deadline=cfg.deadline, as_limit=cfg.as_limit,
-                            rss_limit=cfg.rss_limit)
-            finding["replays"] = result.reproduced
-            finding["live_observed"] = result.observed.title() if result.observed else None
-        except TargetError as e:
-            finding["replays"] = None
-            finding["live_observed"] = f"replay could not run: {e}"
+        first = _replayed(cfg, folder, dialect, target, missing)
+        finding.update(first)
+        if first["replays"] is False and target == cfg.target:
+            # The release server survived: a failure that needs the allocator's contents (a
+            # tensor read before it was written: ASan fills new memory with 0xbe where a
+            # release build's fresh pages are zero) shows on the sanitizer server, which has
+            # the target's allocator.
+            san, san_missing = sanitizer_build(cfg)
+            second = None if san_missing else _replayed(cfg, folder, dialect, san, None)
+            if second and second["replays"]:
+                finding = write(san)
+                finding.update(second, release_replays=False,
+                               release_observed=first["live_observed"])
     (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
     return finding
+
+
+RELEASE_SURVIVED = " (the release server survived it)"
 
 
 def render_libfuzzer_markdown(r: dict, out: Path) -> str:
@@ -601,12 +629,14 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
     lines.append("")
     replayed = [f for f in r["findings"] if "live_observed" in f]
     if replayed:
-        lines += ["Replayed against the live server (`harness replay`; sanitizer errors "
-                  "against the pin's sanitizer build):", "",
+        lines += ["Replayed against the live server (`harness replay`; sanitizer errors, "
+                  "ASan's RSS bound and what the release server survives against the pin's "
+                  "sanitizer build):", "",
                   "| id | replayed against | reproduced | live server |", "|---|---|---|---|"]
         lines += [f"| {f['id']} | `{f.get('replayed_against', r['target'])}` | "
                   f"{'yes' if f.get('replays') else 'no'} | "
-                  f"{(f.get('live_observed') or 'survived').replace('|', '/')} |"
+                  f"{(f.get('live_observed') or 'survived').replace('|', '/')}"
+                  f"{RELEASE_SURVIVED if f.get('release_replays') is False else ''} |"
                   for f in replayed]
         lines.append("")
     from ..coverage import render_coverage_markdown
