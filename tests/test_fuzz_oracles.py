@@ -209,3 +209,23 @@ def test_memory_given_back_before_any_sample_still_counts(tmp_path, monkeypatch)
     # Planted fault: the samples alone (no peak) miss it.
     monkeypatch.setattr(Oracles, "_peak_rss", lambda self: None)
     assert not replay(folder, "p7").reproduced
+
+
+@realpeer
+def test_a_peak_above_the_rss_bound_is_a_memory_finding_though_no_sample_saw_it(tmp_path,
+                                                                             monkeypatch):
+    """The same with 1.5 GiB announced: the peak passes the 1 GiB RSS bound for a moment."""
+    from harness.fuzz.shrink import save_reproducer
+    from harness.fuzz.target import Signature, Target
+    require_peer_dir()
+    head = bytes([D7.id_of(SetTensorRequest.cmd)]) + (3 << 29).to_bytes(8, "little")
+    case = annotate(D7, (step(hello_request_frame(D7), "HELLO"),
+                         step(head + bytes(24), "SET_TENSOR", eof=True)))
+    folder = tmp_path / "f"
+    save_reproducer(folder, signature=Signature("memory", "", "resident memory above the bound",
+                                                "SET_TENSOR"), case=case, outcome=None,
+                    target="p7", dialect="7.0.0")
+    found = replay(folder, "p7")
+    assert found.reproduced and found.observed.kind == "memory", found.summary()
+    monkeypatch.setattr(Target, "peak_rss", lambda self: None)  # planted: the samples alone
+    assert not replay(folder, "p7").reproduced

@@ -128,7 +128,7 @@ def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-o
     log = rerun(binary, data_path, sanitizer_env(cfg, None, baseline), cfg.deadline)
     assert log is not None, f"the in-process target ran {fixture} to the end"
     signature, detail = signature_of(log, "7.0.0", data)
-    assert signature.line == line and command in (None, signature.command)
+    assert signature.line == line and command in (None, signature.command), log[-3000:]
     out = tmp_path / cfg.target.replace("+", "_")
     finding = _save(cfg, Failure(signature, data, detail, "fixture", log), out, "7.0.0",
                     Counter({signature: 1}))

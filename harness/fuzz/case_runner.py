@@ -146,6 +146,7 @@ class CaseRunner:
         (restarted if the case broke it, unless ``restart`` is False)."""
         self.ensure_running()
         before = self.oracles.before(case, isolated=True) if self.oracles is not None else None
+        self.target.reset_peak_rss()
         out = self.executor.run(case, lockstep=lockstep, record=record,
                                 before_close=self._sample(case, always=True))
         verdict = self._judge_now(case, out, lockstep=lockstep)
@@ -203,6 +204,7 @@ class CaseRunner:
         if self.pending is not None and not starts_with_hello(case):
             verdicts += self._settle_pending()
         before = self.oracles.before(case) if self.oracles is not None else None
+        self.target.reset_peak_rss()
         out = self.executor.run(case, before_close=self._sample(case))
         if out.proven > 0:
             self.pending = None  # our HELLO was answered: the previous connection did no harm

@@ -5,7 +5,7 @@ Five finding kinds, each with a threshold (``harness fuzz`` options, :class:`Ora
 * **amplification** -- resident memory of the target grew by more than ``amplification`` x
   what the connection could justify (request bytes sent plus the ALLOC_BUFFER sizes it asked
   for) and by more than ``amplification_floor``, at its peak during the case (the kernel's
-  high-water mark, reset when the case starts), so memory given back before any sample counts;
+  high-water mark, restarted with each case), so memory given back before any sample counts;
 * **freeze** -- while one connection is held open mid-frame (a partial header or payload, then
   silence), a HELLO on a fresh connection goes unanswered for ``freeze_wait`` seconds. Only for
   servers that serve connections concurrently: the real 7.0.0 server serves one connection at
@@ -33,7 +33,6 @@ growth (a lazily loaded library) does not come back on the second run and is dro
 from __future__ import annotations
 
 import os
-import re
 import socket
 import time
 from dataclasses import asdict, dataclass, fields
@@ -246,29 +245,12 @@ class Oracles:
         if self.limits.freeze_wait and case.open_ended:
             self.is_concurrent()
         self._rss_during = None
-        if self.limits.amplification:
-            self._reset_peak()
         return self.snapshot(entries=isolated)
 
-    # The kernel's high-water mark of the server's RSS since the case began: memory a request
-    # takes and gives back before any sample (a declared payload size allocated and zeroed,
-    # freed when the client hangs up mid-frame) still counts as what the case cost.
-    def _reset_peak(self) -> None:
-        p = self._process()
-        try:
-            if p is not None:
-                Path(f"/proc/{p.pid}/clear_refs").write_text("5")  # peak RSS := current RSS
-        except OSError:
-            pass  # not Linux, or not ours: the samples alone
-
     def _peak_rss(self) -> int | None:
-        p = self._process()
-        try:
-            status = Path(f"/proc/{p.pid}/status").read_text() if p is not None else ""
-        except OSError:
-            return None
-        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
-        return int(m.group(1)) << 10 if m else None
+        """The server's peak RSS since the case began (the runner restarts the kernel's
+        high-water mark with each case)."""
+        return self.target.peak_rss() if self.local else None
 
     @property
     def holding(self) -> bool:
