@@ -208,6 +208,18 @@ def same_abort_site(a: str, b: str) -> bool:
                 and abs(int(ma["line"]) - int(mb["line"])) < MACRO_CALL_LINES)
 
 
+_VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.M)
+
+
+def vm_hwm(pid: int) -> int | None:
+    """The kernel's high-water mark of a process's RSS in bytes (None: not readable)."""
+    try:
+        m = _VM_HWM.search(Path(f"/proc/{pid}/status").read_text())
+    except OSError:
+        return None
+    return int(m.group(1)) << 10 if m else None
+
+
 def signal_text(info: ExitInfo) -> str:
     if info.signal:
         try:
@@ -618,12 +630,7 @@ class Target:
 
     def peak_rss(self) -> int | None:
         pid = self._local_pid()
-        try:
-            status = Path(f"/proc/{pid}/status").read_text() if pid is not None else ""
-        except OSError:
-            return None
-        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
-        return int(m.group(1)) << 10 if m else None
+        return vm_hwm(pid) if pid is not None else None
 
     def over_memory(self) -> int | None:
         """The RSS (its peak since the case began, when the kernel keeps one) if it is above

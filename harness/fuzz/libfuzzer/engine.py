@@ -38,7 +38,7 @@ from ..campaign import Progress, campaign_id
 from ..report import build_report, campaign_problems, render_markdown
 from ..shrink import save_reproducer
 from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, TargetError, TargetSpec, \
-    death_line
+    death_line, vm_hwm
 from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target, tool
 
@@ -151,7 +151,6 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
     return env
 
 
-_VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.M)
 # Runs of the HELLO-only input: enough to sample the target after its start (a few hundred
 # ms), few enough that ASan's quarantine of what each run frees stays small.
 BASELINE_RUNS = 2000
@@ -176,16 +175,15 @@ def rss_baseline_mb(binary: Path, dialect: str, work: Path, env: dict[str, str])
     try:
         end = time.monotonic() + 60
         while proc.poll() is None and time.monotonic() < end:
-            try:
-                m = _VM_HWM.search(Path(f"/proc/{proc.pid}/status").read_text())
-            except OSError:
+            now = vm_hwm(proc.pid)
+            if now is None:
                 break
-            peak = max(peak, int(m.group(1)) if m else 0)
+            peak = max(peak, now)
             time.sleep(0.005)
     finally:
         proc.kill()
         proc.wait()
-    return peak >> 10
+    return peak >> 20
 
 
 def libfuzzer_args(cfg: LibFuzzerConfig, seed: int, dictionary: Path, artifacts: Path,
