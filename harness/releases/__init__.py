@@ -1,0 +1,1 @@
+"""The registries' llama.cpp builds as a whole: listing them, and watching the newest."""
