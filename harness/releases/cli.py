@@ -149,10 +149,12 @@ def releases_command(console: Console, packages: list[str], *, between: tuple[st
         for package, builds in per_package.items():
             console.print(build_table(builds, package))
             scanned = [b for b in builds if b.klass]
-            if scanned:
-                console.print(f"{package}: {len(scanned)} of {len(builds)} builds scanned, "
-                              f"{len(classes(scanned))} equivalence classes, "
-                              f"{len(class_spans(builds))} runs of one class", highlight=False)
+            no_rpc = sum(1 for b in builds if b.problem)
+            if scanned or no_rpc:
+                console.print(f"{package}: {len(scanned) + no_rpc} of {len(builds)} builds read"
+                              f" ({no_rpc} without RPC), {len(classes(scanned))} equivalence "
+                              f"classes, {len(class_spans(builds))} runs of one class",
+                              highlight=False)
     else:
         console.print(summary_table(per_package))
         console.print("`harness releases PACKAGE` lists every build; --digest reads the "

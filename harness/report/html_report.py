@@ -255,7 +255,8 @@ def diffs_table(diffs: list[dict]) -> list[str]:
     return out
 
 
-def render(df: pd.DataFrame, title: str, diffs: list[dict] | None = None) -> str:
+def render(df: pd.DataFrame, title: str, diffs: list[dict] | None = None,
+           notes: dict[str, list[str]] | None = None) -> str:
     counts = df["verdict"].value_counts()
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
              f"<style>{_CSS}</style></head><body>{svg_defs()}<h1>{esc(title)}</h1>",
@@ -264,6 +265,9 @@ def render(df: pd.DataFrame, title: str, diffs: list[dict] | None = None) -> str
                        f"{counts.get(v, 0)}</span>" for v in VERDICTS) + "</p>"]
     for design, d in df.groupby("design", sort=False):
         parts.append(f"<h2>{esc(design)}</h2>")
+        if (notes or {}).get(design):
+            parts.append("<ul class='notes'>" + "".join(f"<li>{esc(n)}</li>"
+                                                        for n in notes[design]) + "</ul>")
         if design == "releases":
             parts += releases_table(d)
             continue

@@ -42,11 +42,15 @@ def _cell_text(group: pd.DataFrame) -> str:
     return f"{head} {body}" + (f" [{'; '.join(notes)}]" if notes else "")
 
 
-def markdown(df: pd.DataFrame, title: str) -> str:
+def markdown(df: pd.DataFrame, title: str, notes: dict[str, list[str]] | None = None) -> str:
     out = [f"# {title}", ""]
     for design, d in df.groupby("design", sort=False):
         out.append(f"## {design}")
         out.append("")
+        for note in (notes or {}).get(design, []):
+            out.append(f"- {note}")
+        if (notes or {}).get(design):
+            out.append("")
         if design == "releases":
             out += _releases_md(d)
             continue
@@ -144,8 +148,9 @@ def _releases_md(d: pd.DataFrame) -> list[str]:
     return out
 
 
-def write_html(df: pd.DataFrame, out: Path, title: str, diffs: list[dict] | None = None) -> None:
-    (out / "matrix.html").write_text(html_report.render(df, title, diffs))
+def write_html(df: pd.DataFrame, out: Path, title: str, diffs: list[dict] | None = None,
+               notes: dict[str, list[str]] | None = None) -> None:
+    (out / "matrix.html").write_text(html_report.render(df, title, diffs, notes))
 
 
 def write_junit(df: pd.DataFrame, out: Path, name: str = "ggml-rpc-matrix") -> None:
@@ -169,13 +174,19 @@ def write_junit(df: pd.DataFrame, out: Path, name: str = "ggml-rpc-matrix") -> N
     ET.ElementTree(suites).write(out / "junit.xml", encoding="utf-8", xml_declaration=True)
 
 
-def write_all(rows: list[dict], out: Path, title: str,
-              diffs: list[dict] | None = None) -> pd.DataFrame:
+def write_all(rows: list[dict], out: Path, title: str, diffs: list[dict] | None = None,
+              notes: dict[str, list[str]] | None = None) -> pd.DataFrame:
+    """``notes``: lines shown under a design's heading (e.g. the builds a class stood in for),
+    also kept in notes.json so `harness report` can show them again."""
     out.mkdir(parents=True, exist_ok=True)
+    if notes is None and (out / "notes.json").is_file():
+        notes = json.loads((out / "notes.json").read_text())
+    elif notes:
+        (out / "notes.json").write_text(json.dumps(notes, indent=1))
     df = frame(rows)
     write_tables(df, out)
-    (out / "matrix.md").write_text(markdown(df, title))
-    write_html(df, out, title, diffs)
+    (out / "matrix.md").write_text(markdown(df, title, notes))
+    write_html(df, out, title, diffs, notes)
     if diffs is not None:
         (out / "diffs.json").write_text(json.dumps(diffs, indent=1))
     write_junit(df, out)
