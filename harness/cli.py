@@ -217,17 +217,28 @@ def list_cells(
     as_json: bool = typer.Option(False, "--json", help="JSON, one object per cell (for CI fan-out)."),
     releases: bool = typer.Option(False, "--releases", help="Include the releases matrix."),
     with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP),
+    shards: int = typer.Option(0, "--shards", help="With --json: the non-empty shards of N "
+                               "(`harness matrix --shard I/N` runs one), for a CI fan-out "
+                               "under the 256 jobs a workflow matrix may have."),
 ):
     """List the matrix cells (design, roles, implementations, cache, scenario)."""
     import json
 
     from .matrix.cells import expand, expectation_for
     from .matrix.verdict import describe
+    from .shards import take_shard
 
     m = _load_matrix(matrix_file)
     cells = expand(m)
     if releases or with_builds:
         cells += _release_cells(m, with_builds, build=False)[0]
+    if shards:
+        if not as_json:
+            raise typer.BadParameter("--shards is for --json (the workflow's fan-out)")
+        counts = [len(take_shard(cells, (i, shards))) for i in range(1, shards + 1)]
+        print(json.dumps([{"shard": f"{i}/{shards}", "cells": n}
+                          for i, n in enumerate(counts, 1) if n]))
+        return
     if as_json:
         print(json.dumps([{**c.to_dict(), "expected": describe(expectation_for(m, c))}
                           for c in cells], indent=1))
@@ -276,6 +287,8 @@ def matrix(
     releases: bool = typer.Option(True, "--releases/--no-releases",
                                   help="Also run every real build against every real build."),
     with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP + " Built first."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run only shard I of N of "
+                                        "the cells (every N-th; a CI job of a fan-out)."),
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
     out: Path = typer.Option(Path("reports"), "--out"),
     workers: Optional[int] = typer.Option(None),
@@ -303,12 +316,20 @@ def matrix(
         console.print("[red]--with adds builds to the releases design, which this run leaves "
                       "out")
         raise typer.Exit(2)
+    run_id = None
+    if shard:
+        from .shards import parse_shard, take_shard
+        try:
+            i, n = parse_shard(shard)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        cells, run_id = take_shard(cells, (i, n)), f"shard-{i}-of-{n}"
     if not cells:
         console.print("[red]no cell matches")
         raise typer.Exit(2)
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
-                    allow_skip=allow_skip, notes=notes)
+                    allow_skip=allow_skip, notes=notes, run_id=run_id)
 
 
 @app.command()
@@ -739,6 +760,49 @@ def releases(
     raise typer.Exit(releases_command(console, packages or [], between=between,
                                       newest_only=newest_only, digest=digest, build=build,
                                       as_json=as_json, offline=offline, workers=workers))
+
+
+@app.command()
+def watch(
+    state: Optional[Path] = typer.Option(None, "--state", help="The previous watch's watch.json "
+                                         "(none: this run is the baseline)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default "
+                                       "reports/watch-<time>)."),
+    sessions: int = typer.Option(300, "--sessions", help="Differential sessions per newest "
+                                 "build."),
+    seed: int = typer.Option(0, "--seed", help="The differential sessions' seed."),
+    reproducers: Optional[Path] = typer.Option(None, "--reproducers", help="Saved reproducers "
+                                               "to replay (default fixtures/reproducers)."),
+    package: list[str] = typer.Option([], "--package", help="Watch only these packages."),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+):
+    """The release watch: build the newest build of every package, run the releases design
+    with them, a differential of each against the reference of its dialect, and every saved
+    reproducer against each; exit 1 on anything that changed since --state, a broken cell or
+    a build that fails."""
+    import time as _time
+
+    from .impls.progress import RichBuildProgress
+    from .releases.watch import REPRODUCERS, WatchConfig, run_watch
+
+    out = out or Path("reports") / f"watch-{_time.strftime('%Y%m%d-%H%M%S')}"
+    cfg = WatchConfig(out=out, state=state, matrix_file=matrix_file, sessions=sessions,
+                      seed=seed, reproducers=reproducers or REPRODUCERS,
+                      packages=tuple(package))
+    try:
+        report, code = run_watch(cfg, say=lambda line: console.print(line, highlight=False),
+                                 progress=RichBuildProgress(console))
+    except ValueError as e:
+        console.print(f"[red]{e}", highlight=False)
+        raise typer.Exit(2)
+    for c in report.changes:
+        console.print(f"[red]changed[/red] {c['kind']} {c['key']}: {c['before']} -> "
+                      f"{c['after']}", highlight=False)
+    for problem in report.problems:
+        console.print(f"[red]problem[/red] {problem}", highlight=False)
+    console.print(f"{'baseline' if report.baseline else f'{len(report.changes)} change(s)'}; "
+                  f"{out / 'watch.md'}", highlight=False)
+    raise typer.Exit(code)
 
 
 @app.command("bisect")

@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from harness.fuzz.campaign import CampaignConfig, parse_shard
+from harness.fuzz.campaign import CampaignConfig
+from harness.shards import parse_shard, take_shard
 from harness.fuzz.merge import MergeError, merge_campaigns
 
 
@@ -90,3 +91,10 @@ def test_merge_refuses_campaigns_of_different_targets(tmp_path):
     (tmp_path / "b" / "report.json").write_text(json.dumps({**other, "target": "p3"}))
     with pytest.raises(MergeError, match="different targets"):
         merge_campaigns(tmp_path / "m", [tmp_path / "a", tmp_path / "b"])
+
+
+def test_shards_cover_every_item_once():
+    items = list(range(23))
+    parts = [take_shard(items, (i, 5)) for i in range(1, 6)]
+    assert sorted(x for p in parts for x in p) == items
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1

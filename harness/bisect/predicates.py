@@ -8,7 +8,8 @@ and gives a short result string; results are compared for equality only.
   the observed outcome (``works``, ``rejected-at-hello by client``, ``crash``, ...), not the
   verdict, since the cell's expectation was written for its own implementations;
 * ``--repro FILE``: a saved fuzz reproducer replayed against the build's server:
-  ``reproduced`` / ``not reproduced``;
+  ``reproduced``, ``no failure`` or ``another failure`` (an abort with the saved file and
+  message reproduces at any line: builds move code);
 * ``--differential``: a fixed set of generated sessions (seed, count) run against the build
   and the reference of its dialect, with the dialect's shipped allow-list: ``agrees`` /
   ``diverges``;
@@ -177,14 +178,13 @@ class ReproPredicate(_Built):
         return f"does {self.path} reproduce"
 
     def ask(self, build: str) -> Outcome:
-        from ..fuzz.replay import replay
+        from ..fuzz.replay import replay_outcome
         from ..fuzz.target import TargetError
         try:
-            r = replay(self.path, build, deadline=self.deadline)
+            result, r = replay_outcome(self.path, build, deadline=self.deadline)
         except (TargetError, OSError) as e:
             return Outcome(None, skipped=f"cannot replay: {_first_line(e)}")
-        return Outcome("reproduced" if r.reproduced else "not reproduced",
-                       detail=r.observed.title() if r.observed else "the target survived")
+        return Outcome(result, detail=r.observed.title() if r.observed else "the target survived")
 
 
 # ------------------------------------------------------------------ --differential

@@ -100,14 +100,6 @@ class CampaignConfig:
         return self.shard[1] * self.workers
 
 
-def parse_shard(text: str) -> tuple[int, int]:
-    """``"i/n"`` (1 <= i <= n) -> (i, n)."""
-    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", text)
-    if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
-        raise ValueError(f"--shard wants I/N with 1 <= I <= N, not {text!r}")
-    return int(m.group(1)), int(m.group(2))
-
-
 def campaign_id(target_name: str) -> str:
     slug = re.sub(r"[^A-Za-z0-9.]+", "-", target_name).strip("-")
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{slug}"

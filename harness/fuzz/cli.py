@@ -27,7 +27,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
     from .display import LiveProgress, parse_duration
 
-    from .campaign import parse_shard
+    from ..shards import parse_shard
 
     try:
         seconds = parse_duration(duration)

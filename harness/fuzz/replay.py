@@ -23,7 +23,7 @@ from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
 from .case_runner import CaseRunner
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec, \
-    same_abort_site
+    same_abort_moved, same_abort_site
 
 
 @dataclass
@@ -36,10 +36,22 @@ class ReplayResult:
 
     @property
     def reproduced(self) -> bool:
+        return self.matches(across_builds=False)
+
+    @property
+    def reproduced_elsewhere(self) -> bool:
+        """Reproduced, judged as for another build than the finding's: an abort that moved to
+        another line of the same file, with the same message, is the same bug."""
+        return self.matches(across_builds=True)
+
+    def matches(self, *, across_builds: bool) -> bool:
         o, e = self.observed, self.expected
         if o is None:
             return False
         if e is None or o.same_bug(e, command=False):
+            return True
+        if across_builds and (o.kind, o.signal) == (e.kind, e.signal) and \
+                same_abort_moved(o.line, e.line):
             return True
         if o.kind == e.kind == "memory" and sanitizer.rss_bound(o.line) and \
                 sanitizer.rss_bound(e.line):
@@ -106,6 +118,32 @@ def replay(path: str | Path, target: str, *, dialect: str | None = None, deadlin
             t.stop()
     return ReplayResult(expected, verdict.signature if verdict else None,
                         verdict.detail if verdict else "", spec.name, len(case.steps))
+
+
+REPRODUCED, NO_FAILURE, OTHER_FAILURE = "reproduced", "no failure", "another failure"
+
+
+def is_other_build(path: str | Path, target: str) -> bool:
+    """True when ``target`` is another build than the one the finding was saved from (or the
+    finding does not say): its aborts may sit on other lines."""
+    from ..impls.errors import ImplError
+    from ..impls.registry import resolve_pin
+    path = Path(path)
+    folder = path if path.is_dir() else path.parent
+    try:
+        saved = json.loads((folder / "finding.json").read_text()).get("target")
+        return not saved or resolve_pin(saved).key != resolve_pin(target).key
+    except (OSError, ValueError, ImplError):
+        return True
+
+
+def replay_outcome(path: str | Path, target: str, **kw) -> tuple[str, ReplayResult]:
+    """Replay against ``target`` (any build) and say ``reproduced``, ``no failure`` or
+    ``another failure``, judging aborts as moved lines when ``target`` is another build."""
+    result = replay(path, target, **kw)
+    if result.matches(across_builds=is_other_build(path, target)):
+        return REPRODUCED, result
+    return (NO_FAILURE if result.observed is None else OTHER_FAILURE), result
 
 
 def saved_limits(path: str | Path) -> dict:

@@ -208,6 +208,14 @@ def same_abort_site(a: str, b: str) -> bool:
                 and abs(int(ma["line"]) - int(mb["line"])) < MACRO_CALL_LINES)
 
 
+def same_abort_moved(a: str, b: str) -> bool:
+    """Do two abort lines name one abort in two builds of the code, wherever it sits? The same
+    file and message at any line: between builds unrelated edits move an assert (a 7.0.0
+    GGML_ASSERT was at ggml-rpc.cpp:1401 in b10985, :1413 in b11327, :1429 in b11413)."""
+    ma, mb = _SITE.match(a), _SITE.match(b)
+    return bool(ma and mb and ma["file"] == mb["file"] and ma["msg"] == mb["msg"])
+
+
 _VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.M)
 
 
