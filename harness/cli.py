@@ -186,8 +186,13 @@ def _release_cells(m, with_builds: list[str], *, build: bool):
     the added ones first when ``build``."""
     from .impls.errors import ImplError
     from .matrix.cells import release_cells
-    from .matrix.releases import expand_with, release_peers
+    from .matrix.releases import ReleasePeers, expand_with, release_peers
 
+    if m.releases is None:
+        if with_builds:
+            console.print("[red]--with: this matrix.yaml has no releases design")
+            raise typer.Exit(2)
+        return [], ReleasePeers(run=[])
     try:
         extra = expand_with(with_builds)
         if build:

@@ -8,7 +8,6 @@ import io
 import json
 import tarfile
 import threading
-from pathlib import Path
 
 import pytest
 

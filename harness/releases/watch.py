@@ -74,7 +74,8 @@ def reproducer_dirs(root: Path) -> list[Path]:
     """Every saved reproducer under ``root`` (a folder with finding.json and repro.rpct)."""
     if not root.is_dir():
         return []
-    return sorted(p.parent for p in root.glob("*/finding.json") if (p.parent / "repro.rpct").is_file())
+    return sorted(p.parent for p in root.glob("*/finding.json")
+                  if (p.parent / "repro.rpct").is_file())
 
 
 def _role_of(name: str, newest: dict[str, str]) -> str:

