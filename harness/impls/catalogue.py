@@ -258,6 +258,34 @@ def _wheel_proto(pin: Pin, archive: Path) -> str:
         shutil.rmtree(stage, ignore_errors=True)
 
 
+def local_class(name: str) -> str | None:
+    """A build's class from what this machine has (its manifest, the facts store, a kept
+    archive): no index, no download. None when it cannot tell, and for a variant (patched,
+    sanitizer or RDMA build): classes are of releases as published."""
+    pin = get_pin(name)
+    if pin.is_variant or pin.package not in RECIPES:
+        return None
+    manifest = next((m for p, m in built_entries() if p.key == pin.key), None)
+    if manifest and (digest := RpcDigest.from_dict(manifest.get("rpc_digest"))):
+        return digest.short
+    spec = pin.release_key
+    facts = read_facts().get(spec)
+    if facts and (digest := RpcDigest.from_dict(facts.get("digest"))):
+        return digest.short
+    prefix = spec.replace("-", "_").replace("==", "-").lower()
+    kept = next((f for f in sorted(downloads_dir().glob("*")) if f.is_file() and
+                 f.name.lower().startswith(prefix)), None) if downloads_dir().is_dir() else None
+    if kept is None:
+        return None
+    try:
+        digest = scan_archive(registry_pin(spec) or pin, kept).digest
+    except BuildError:
+        return None
+    _update_facts({spec: {"archive": kept.name, "archive_sha256": None,
+                          "digest": digest.to_dict()}})
+    return digest.short
+
+
 # ------------------------------------------------------------------ classes
 def classes(builds: Iterable[Build]) -> dict[str, list[Build]]:
     """class -> its builds (in the order given); builds without a digest are left out."""

@@ -58,10 +58,11 @@ def release_peers(base: list[str], extra: list[str] = (), *,
                   klass=None) -> ReleasePeers:
     """``base`` (matrix.yaml's releases peers) plus ``extra``, one per equivalence class:
     builds of one class cannot differ on the wire, so a class's first build stands in for the
-    others. ``klass(name)`` gives a build's class (None: unknown, the build runs)."""
+    others. ``klass(name)`` gives a build's class (None: unknown, the build runs; default:
+    ``catalogue.local_class``, which never reads the index)."""
     from ..impls.registry import resolve_pin
-    if klass is None:
-        from ..bisect.predicates import build_class as klass
+    if klass is None:  # what this machine knows: a matrix run downloads nothing for classes
+        from ..impls.catalogue import local_class as klass
     names = list(dict.fromkeys([*base, *(resolve_pin(e).name for e in extra)]))
     out = ReleasePeers(run=[])
     stand_in: dict[str, str] = {}
