@@ -131,9 +131,10 @@ def _transports(items: list[str]) -> list[str] | None:
     return items or None
 
 
-def _allow_skip(items: list[str]):
+def _allow_skip(items: list[str], m=None):
+    """--allow-skip plus the skips the matrix itself accepts (matrix.yaml allowed_skips)."""
     from .matrix.skips import AllowSkip
-    return AllowSkip.parse(items)
+    return AllowSkip.parse([*(a.match for a in (m.allowed_skips if m else [])), *items])
 
 
 def _load_matrix(path: Path):
@@ -169,7 +170,7 @@ def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_
                     run_id: Optional[str] = None, notes: Optional[dict] = None) -> None:
     from .matrix.job import run_job
 
-    allow = _allow_skip(allow_skip)
+    allow = _allow_skip(allow_skip, m)
     rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
                                run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
                                notes=notes)
@@ -397,6 +398,8 @@ def report(
                                   "(e.g. downloaded CI artifacts)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: FOLDER)."),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
+    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="Its allowed_skips "
+                                     "apply too (when the file is there)."),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
@@ -409,7 +412,8 @@ def report(
         raise typer.Exit(2)
     dest = out or folder
     write_all(rows, dest, "ggml-rpc interoperability matrix")
-    raise typer.Exit(_finish(rows, dest, _allow_skip(allow_skip)))
+    m = _load_matrix(matrix_file) if matrix_file.is_file() else None
+    raise typer.Exit(_finish(rows, dest, _allow_skip(allow_skip, m)))
 
 
 def parse_size(text: str) -> int:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from .impls.driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, digest, make_fill
 from .proto import Cmd, Session
+from .strictness import DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .capture.transcript import Transcript
@@ -56,13 +57,10 @@ class Observation:
         return [c for c in self.checks if not c.ok]
 
 
-# Why a cell did not run. Only NOT_APPLICABLE is a property of the cell itself; the others
-# mean something this machine lacks, and a run fails on them unless it names them in
-# --allow-skip (a skip must never pass for evidence).
-NOT_APPLICABLE = "not-applicable"
-PEER_MISSING = "peer-missing"  # a real build, user build or image (or its engine) is missing
-PROGRAM_MISSING = "program-missing"  # a program a scenario runs (e.g. llama-simple) is not built
-DEVICE_MISSING = "device-missing"  # hardware a transport needs (an RDMA device)
+# Why a cell did not run (the codes live in harness/strictness.py with every other skip
+# code). Only NOT_APPLICABLE is a property of the cell itself; the others mean something this
+# machine lacks, and a run fails on them unless it names them in --allow-skip (a skip must
+# never pass for evidence).
 SKIP_CODES = (NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, DEVICE_MISSING)
 
 
@@ -137,6 +135,11 @@ class Scenario:
     title: ClassVar[str]
     description: ClassVar[str]
     checks: ClassVar[tuple[str, ...]] = ()
+    # the wire facts a working verdict rests on (harness.matrix.evidence): commands the client
+    # must have sent at least once ("A|B": either), and the connections it opens, each with
+    # HELLO; a rejection rests on the HELLO alone
+    evidence: ClassVar[tuple[str, ...]]
+    evidence_connections: ClassVar[int] = 1
     # which server option values this scenario is worth running under
     cache_options: ClassVar[tuple[bool, ...]] = (False,)
     # every connection uploads a weights tensor above the hash threshold, so whether the
@@ -160,6 +163,11 @@ def scenario(cls: S) -> S:
     for attr in ("id", "title", "description"):
         if not isinstance(getattr(cls, attr, None), str):
             raise TypeError(f"scenario {cls.__name__} needs a string {attr!r}")
+    evidence = getattr(cls, "evidence", None)
+    if not isinstance(evidence, tuple) or not evidence or not all(
+            name in Cmd.__members__ for entry in evidence for name in entry.split("|")):
+        raise TypeError(f"scenario {cls.__name__} needs `evidence`: a non-empty tuple of the "
+                        "commands its verdict rests on (Cmd names; 'A|B' for either)")
     if cls.id in SCENARIOS and type(SCENARIOS[cls.id]) is not cls:
         raise ValueError(f"scenario id {cls.id!r} is taken by {type(SCENARIOS[cls.id]).__name__}")
     SCENARIOS[cls.id] = cls()

@@ -7,6 +7,7 @@ class Alloc(Scenario):
     id = "alloc"
     title = "Alloc, clear, free"
     description = "Allocate buffers of several sizes, clear them, free them, allocate again."
+    evidence = ("ALLOC_BUFFER", "FREE_BUFFER")
     checks = ("every ALLOC_BUFFER got a live handle", "every free reached the server",
               "server still answers after the frees")
 

@@ -49,6 +49,7 @@ class CommAllreduce(Scenario):
                    "sends both COMM_INITs before reading either answer, then allreduces a 4- and "
                    "a 32768-element f32 tensor and frees the link; each rank must hold exactly "
                    "what p8 leaves (the large sum adds the peer's bf16 values).")
+    evidence = ("COMM_INIT", "COMM_ALLREDUCE")
     checks = ("both COMM_INITs answer 1", f"{SMALL} elements: exact sum on both ranks",
               f"{LARGE} elements: own values plus the peer's bf16 values",
               "both servers serve after COMM_FREE")

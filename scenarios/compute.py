@@ -14,6 +14,7 @@ class Compute(Scenario):
     title = "Graph compute against numpy"
     description = ("One graph with ADD, MUL, SCALE, CPY (f32->f16), MUL_MAT (f16 weights) and "
                    "GET_ROWS; every output equals numpy's.")
+    evidence = ("GRAPH_COMPUTE", "GET_TENSOR")
     checks = ("add/mul/scale", "cpy to f16", "mul_mat", "get_rows")
 
     def run(self, ctx):

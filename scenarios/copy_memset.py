@@ -9,6 +9,7 @@ class CopyMemset(Scenario):
     id = "copy-memset"
     title = "COPY_TENSOR and MEMSET_TENSOR"
     description = "Copy a tensor to another in the same buffer, memset part of it, read both back."
+    evidence = ("COPY_TENSOR", "MEMSET_TENSOR", "GET_TENSOR")
     checks = ("copy result", "memset result", "COPY_TENSOR on the wire")
 
     def run(self, ctx):

@@ -6,6 +6,7 @@ class DeviceInfo(Scenario):
     id = "device-info"
     title = "Device count and memory"
     description = "DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE and GET_DEVICE_MEMORY answer sanely."
+    evidence = ("GET_ALIGNMENT", "GET_DEVICE_MEMORY")
     checks = ("alignment is a power of two", "0 < free <= total")
 
     def run(self, ctx):

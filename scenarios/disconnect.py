@@ -13,6 +13,8 @@ class Disconnect(Scenario):
     title = "Client disconnect in the middle of a SET_TENSOR"
     description = ("A client (the reference client, in the cell's client dialect) sends 1 MiB of a "
                    "4 MiB SET_TENSOR and closes. The server must survive and serve the next client.")
+    evidence = ("HELLO",)
+    evidence_connections = 2
     checks = ("server process alive", "next client served")
 
     def run(self, ctx):

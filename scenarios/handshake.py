@@ -9,6 +9,7 @@ class Handshake(Scenario):
     title = "Handshake and version negotiation"
     description = ("Connect, HELLO, DEVICE_COUNT. Same-major pairs must proceed; other majors must "
                    "be turned away at HELLO with nothing sent after it.")
+    evidence = ("HELLO", "DEVICE_COUNT")
     checks = ("server announces the version of its label", "HELLO byte 3 carries the cache bit "
               "exactly when the server has flags semantics and a cache", "device count >= 1")
     cache_options = (False, True)

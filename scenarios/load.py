@@ -33,6 +33,8 @@ class Load(Scenario):
     description = ("Upload about 1 GiB of weights in a few hundred tensors of realistic sizes into "
                    "a WEIGHTS buffer, twice on two connections (the second can hit a server "
                    "cache), and profile it from the wire.")
+    evidence = ("SET_TENSOR|SET_TENSOR_HASH", "GET_TENSOR")
+    evidence_connections = 2
     checks = ("every tensor reads back in full on both connections",
               "the first connection uploads every byte (the cache starts empty)")
     cache_options = (False, True)

@@ -22,7 +22,9 @@ class MixedFleet(Scenario):
                    "versions (the cell's server first, then the design's other server) twice "
                    "against the same caches; the text must equal a local run, and each server's "
                    "share of the upload and its cache hits are measured from its own wire.")
-    checks = ("RPC text identical to the local run", "load profilers count what the wire carried",
+    evidence = ("SET_TENSOR|SET_TENSOR_HASH", "GRAPH_COMPUTE")
+    checks = ("every run connected and said HELLO", "uploads carried the model's layer weights",
+              "RPC text identical to the local run", "load profilers count what the wire carried",
               "each server received part of the model",
               "cold load misses, warm load hits (per server)")
     cache_options = (True,)

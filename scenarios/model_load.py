@@ -68,17 +68,41 @@ def _cache_checks(rows: list[dict], cache: bool) -> tuple[list[Check], bool]:
     ], False
 
 
+def evidence_checks(rows: list[dict], layer_bytes: int) -> list[Check]:
+    """What the wire must show of every run before its text may count: the client connected
+    to every server of the run, opened each connection with HELLO, and the SET_TENSOR and
+    SET_TENSOR_HASH calls of the run offered at least the model's layer weights (a model run
+    locally, with the RPC device silently unused, shows none of it)."""
+    checks = []
+    for run in dict.fromkeys(r["run"] for r in rows):
+        mine = [r for r in rows if r["run"] == run]
+        for r in mine:
+            checks.append(Check(f"run {run}: {r['server']} got connections, each opened with "
+                                "the client's HELLO",
+                                r["connections"] > 0 and r["client_hellos"] == r["connections"],
+                                f"{r['connections']} connection(s), {r['client_hellos']} "
+                                "opened with HELLO"))
+        offered = sum(r["set_tensor_bytes"] + r["bytes_hashed"] for r in mine)
+        checks.append(Check(f"run {run}: uploads carried the model's layer weights",
+                            layer_bytes > 0 and offered >= layer_bytes,
+                            f"SET_TENSOR + SET_TENSOR_HASH offered {offered:,} bytes of the "
+                            f"{layer_bytes:,} bytes of blk.* weights"))
+    return checks
+
+
 def judge_model_runs(ctx, result: dict) -> Observation:
-    """Text identical to the local run in every run; profilers agree with the wire; each
-    server's cache missed cold and hit warm, or went unused (degraded) when never asked."""
+    """Evidence from the wire first (every run connected, said HELLO and uploaded the model's
+    layers); then text identical to the local run in every run; profilers agree with the wire;
+    each server's cache missed cold and hit warm, or went unused (degraded) when never asked."""
     if result.get("rejected"):
         return result["observation"]
     rows = result["load_runs"]
     texts = result["rpc_texts"]
-    checks = [Check(f"run {i + 1}: RPC text identical to the local run",
-                    t == result["local_text"],
-                    f"local={result['local_text']!r} rpc={t!r}")
-              for i, t in enumerate(texts)]
+    checks = evidence_checks(rows, result["layer_bytes"])
+    checks += [Check(f"run {i + 1}: RPC text identical to the local run",
+                     t == result["local_text"],
+                     f"local={result['local_text']!r} rpc={t!r}")
+               for i, t in enumerate(texts)]
     checks += _profile_checks(rows)
     unused = []
     for server in dict.fromkeys(r["server"] for r in rows):
@@ -109,7 +133,9 @@ class ModelLoad(Scenario):
                    "feed-forward weights are above the hash threshold, with every layer on the "
                    "RPC device, and generates 24 tokens; the text must equal a local run. With a "
                    "server cache it loads twice (cold, warm) against the same cache.")
-    checks = ("RPC text identical to the local run", "load profilers count what the wire carried",
+    evidence = ("SET_TENSOR|SET_TENSOR_HASH", "GRAPH_COMPUTE")
+    checks = ("every run connected and said HELLO", "uploads carried the model's layer weights",
+              "RPC text identical to the local run", "load profilers count what the wire carried",
               "cold load misses, warm load hits", "no cache hit without a cache")
     cache_options = (False, True)
     uploads_big_weights = True

@@ -10,6 +10,7 @@ class Roundtrip(Scenario):
     title = "SET_TENSOR / GET_TENSOR round trips"
     description = ("Upload and read back 1 B to 64 MiB, at offsets and through a view; every byte "
                    "must come back.")
+    evidence = ("SET_TENSOR", "GET_TENSOR")
     checks = tuple(f"{n} bytes come back" for n in SIZES) + ("offset window", "view")
 
     def run(self, ctx):

@@ -25,6 +25,8 @@ class TwoClients(Scenario):
     description = ("Client A connects and allocates; client B connects meanwhile. A real server "
                    "serves one client at a time (B waits until A leaves); either way both sessions "
                    "must complete, each reading back exactly the pattern it wrote.")
+    evidence = ("SET_TENSOR", "GET_TENSOR")
+    evidence_connections = 2
     checks = ("A completed", "B completed", "A reads back its pattern", "B reads back its pattern")
 
     def run(self, ctx):

@@ -14,6 +14,8 @@ class WeightsCache(Scenario):
     description = ("Upload a 12 MiB weight twice, on two connections. Count SET_TENSOR_HASH on the "
                    "wire: with a cache the first upload misses and saves, the second hits; a client "
                    "told (HELLO byte 3) that the server has no cache must not hash at all.")
+    evidence = ("SET_TENSOR|SET_TENSOR_HASH", "GET_TENSOR")
+    evidence_connections = 2
     checks = ("data reads back", "a flags-aware client facing no cache flag sends no SET_TENSOR_HASH",
               "miss then save then hit after reconnect (cache on)", "cache file named by FNV-1a")
     cache_options = (False, True)

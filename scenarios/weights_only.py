@@ -11,6 +11,7 @@ class WeightsOnly(Scenario):
     title = "Only weights are hashed and cached"
     description = ("Upload 12 MiB into a compute buffer (activations) to a server with a cache: "
                    "no SET_TENSOR_HASH, cache_flag 0, and nothing written to the cache (proto 7).")
+    evidence = ("SET_TENSOR", "GET_TENSOR")
     checks = ("data reads back", "no SET_TENSOR_HASH", "cache_flag 0 on every SET_TENSOR",
               "no cache file written")
     cache_options = (True,)

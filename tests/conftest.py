@@ -22,3 +22,60 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # A cancelled run (SIGTERM) unwinds the tests' finally blocks, which stop the real servers.
 exit_on_sigterm()
+
+
+# ------------------------------------------------------------------ strictness
+# Under CI (or GGML_RPC_HARNESS_STRICT=1) a skip is a failure unless its code is allowed in
+# harness/strictness.py; the run ends by listing the skips it allowed and why.
+import pytest  # noqa: E402
+
+from harness import strictness  # noqa: E402
+
+_ALLOWED_SKIPS: list[tuple[str, str]] = []
+
+
+def _skip_reason(report) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr or "")
+
+
+def _enforce(report) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    reason = _skip_reason(report)
+    refusal = strictness.refusal(reason)
+    if refusal is not None:
+        report.outcome = "failed"
+        report.longrepr = refusal
+    elif strictness.strict():
+        _ALLOWED_SKIPS.append((report.nodeid, reason))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    _enforce(outcome.get_result())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    _enforce(outcome.get_result())
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not strictness.strict():
+        return
+    terminalreporter.section("skips allowed in strict mode")
+    if not _ALLOWED_SKIPS:
+        terminalreporter.write_line("none")
+        return
+    by_code: dict[str, list[str]] = {}
+    for nodeid, reason in _ALLOWED_SKIPS:
+        by_code.setdefault(strictness.parse(reason)[0], []).append(nodeid)
+    for code, nodeids in by_code.items():
+        terminalreporter.write_line(f"[{code}] {len(nodeids)} test(s): {strictness.ALLOWED[code]}")
+        for nodeid in nodeids:
+            terminalreporter.write_line(f"    {nodeid}")

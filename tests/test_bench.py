@@ -23,6 +23,8 @@ from hypothesis import strategies as st
 from harness.impls.registry import PeerError, get_peer
 from harness.proto import fnv
 from harness.proto.fnv import Fnv1a64, fnv1a64, fnv1a64_update
+from harness.strictness import PEER_MISSING
+from needs import skip
 
 PRIME = 0x100000001B3
 BASIS = 0xCBF29CE484222325
@@ -169,13 +171,33 @@ def test_markdown_has_every_figure():
     assert "| fig b | - | - | - | <= 1 s | - |" in text
 
 
+def test_a_figure_whose_run_failed_is_failed_and_fails_the_bench(tmp_path, monkeypatch):
+    from harness.bench import figures
+    from harness.bench.cli import bench_command
+    from rich.console import Console
+    # planted: the matrix run exits 1 (as it did without a Docker engine: 48 cells skipped)
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\necho 'matrix failed: 48 cells skipped' ; exit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(figures.sys, "executable", str(fake))
+    monkeypatch.setattr(figures, "PROJECT_ROOT", tmp_path)  # no .ci/with-docker here
+    cfg = figures.BenchConfig(out=tmp_path, peer="p7")
+    f = figures.measure_matrix(cfg, tmp_path)
+    assert f.failed and "exited 1" in f.failed
+    assert f.value is None and f.met is None  # a failed run's wall time is no figure
+    assert figures.rows([f.to_json()])[0][-1] == "FAILED"
+    monkeypatch.setattr(figures, "run_bench", lambda cfg: (tmp_path, [f]))
+    assert bench_command(Console(file=open(tmp_path / "out.txt", "w")), quick=True, out=tmp_path,
+                         peer="p7") == 1
+
+
 def _p7():
     try:
         peer = get_peer("p7")
     except PeerError as e:
-        pytest.skip(str(e))
+        skip(PEER_MISSING, str(e))
     if not peer.available:
-        pytest.skip(f"p7 is not built: {peer.reason}")
+        skip(PEER_MISSING, f"p7 is not built: {peer.reason}")
     return peer
 
 

@@ -14,6 +14,7 @@ from scapy.utils import RawPcapReader, rdpcap, wrpcap
 from harness.capture.pcap import (MAX_SEGMENT, read_pcap, transcripts_from_packets, write_pcap)
 from harness.capture.transcript import C2S, S2C, Chunk, Transcript
 from harness.proto import decode_session, get_dialect, unpack_request_payload
+from needs import tool_marker
 from test_capture_helpers import (GOLDEN, GOLDEN_NAMES, ROOT, pipelined_transcript,
                                   split_transcript, vector_entries, vector_streams)
 
@@ -194,7 +195,7 @@ def test_checksums_are_valid():
         assert (rebuilt[IP].chksum, rebuilt[TCP].chksum) == (p[IP].chksum, p[TCP].chksum)
 
 
-@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed")
+@tool_marker(shutil.which("tshark") is None, "tshark is not installed (apt-get install tshark)")
 def test_wireshark_finds_nothing_to_complain_about(tmp_path):
     tr = split_transcript(Transcript.load(GOLDEN / "cache.rpct"), [100, 3])
     tr.chunks[5].data = None  # one elided chunk: a capture with a short snap length

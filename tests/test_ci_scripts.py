@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from harness.strictness import NOT_ROOT, coded
 
 SCRIPT = Path(__file__).resolve().parents[1] / ".ci" / "system-deps"
 
@@ -30,7 +31,7 @@ def _host(tmp_path: Path, programs: list[str]) -> dict[str, str]:
     return {"PATH": str(bin_dir), "HOME": str(tmp_path)}
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="the install path runs as root")
+@pytest.mark.skipif(os.geteuid() != 0, reason=coded(NOT_ROOT, "the install path runs as root"))
 def test_programs_another_package_provides_are_not_reinstalled(tmp_path):
     env = _host(tmp_path, ["dockerd", "google-chrome"])
     run = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True, text=True,
@@ -105,3 +106,59 @@ def test_without_the_handler_a_terminated_harness_leaves_its_server(tmp_path):
     assert alive
     for pid in alive:
         os.kill(pid, signal.SIGKILL)
+
+
+# ------------------------------------------------------------------ strict CI tooling
+ROOT = SCRIPT.parents[1]
+
+
+def _non_root(tmp_path: Path) -> dict[str, str]:
+    """A host where we are not root and have no sudo."""
+    env = _host(tmp_path, [])
+    fake_id = Path(env["PATH"]) / "id"
+    fake_id.unlink()
+    fake_id.write_text("#!/bin/sh\necho 1000\n")
+    fake_id.chmod(0o755)
+    return env
+
+
+def test_system_deps_fails_under_ci_when_it_cannot_install(tmp_path):
+    env = _non_root(tmp_path)
+    relaxed = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
+                             text=True, timeout=60)
+    assert relaxed.returncode == 0 and "missing" in relaxed.stderr  # outside CI: a note
+    strict = subprocess.run([shutil.which("bash"), str(SCRIPT)], env={**env, "CI": "true"},
+                            capture_output=True, text=True, timeout=60)
+    assert strict.returncode == 1 and "CI is strict" in strict.stderr, strict.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason=coded(NOT_ROOT, "the install path runs as root"))
+def test_system_deps_fails_under_ci_when_apt_installs_nothing(tmp_path):
+    # the fake apt-get of _host records and installs nothing: the packages stay missing
+    env = {**_host(tmp_path, []), "GGML_RPC_HARNESS_STRICT": "1"}
+    run = subprocess.run([shutil.which("bash"), str(SCRIPT)], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 1 and "still missing after apt-get install" in run.stderr
+
+
+def _make(tmp_path: Path, target: str, env: dict, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([shutil.which("make"), "-C", str(ROOT), target, *args],
+                          env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_lint_workflows_fails_under_ci_without_node(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("make", "sh"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env = {"PATH": str(bin_dir), "HOME": str(tmp_path)}
+    relaxed = _make(tmp_path, "lint-workflows", env)
+    assert relaxed.returncode == 0 and "not linted" in relaxed.stdout
+    strict = _make(tmp_path, "lint-workflows", {**env, "CI": "true"})
+    assert strict.returncode != 0 and "CI is strict" in strict.stderr
+
+
+def test_a_test_run_that_selects_nothing_fails(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "GGML_RPC_HARNESS_STRICT")}
+    run = _make(tmp_path, "test-fast", env, "PYTEST_ARGS=-k no_test_is_called_like_this")
+    assert run.returncode != 0, run.stdout[-2000:]  # pytest's exit 5 is no longer turned into 0

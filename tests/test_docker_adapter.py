@@ -22,6 +22,8 @@ from harness.impls.docker_adapter import (REQUIRE_ENV, DockerClientDriver, Docke
                                           DockerUnavailable, docker_available, docker_required,
                                           engine_client)
 from harness.impls.supervisor import ServerStartError
+from harness.strictness import PEER_MISSING, STRICT_ENV, TOOL_MISSING
+from needs import peer, skip
 
 NO_ENGINE = "unix:///nonexistent/docker.sock"
 
@@ -37,7 +39,8 @@ def test_no_engine_is_reported_with_the_sdks_reason(monkeypatch):
 
 def test_without_an_engine_cells_skip_unless_docker_is_required(monkeypatch, tmp_path):
     monkeypatch.setenv("DOCKER_HOST", NO_ENGINE)
-    monkeypatch.delenv(REQUIRE_ENV, raising=False)
+    for name in (REQUIRE_ENV, "CI", STRICT_ENV):  # neither asked for nor strict
+        monkeypatch.delenv(name, raising=False)
     adapter = Adapter(name="d", kind="docker", dialect="7.0.0", image="some/image")
     assert adapter.unavailable().startswith("no Docker engine")
     # required (CI): not a skip; starting fails the cell with the same reason
@@ -53,15 +56,14 @@ def _engine_or_skip():
     ok, reason = docker_available(timeout=5)
     if not ok:
         if docker_required():
-            pytest.fail(f"{REQUIRE_ENV} is set but: {reason}")
-        pytest.skip(reason)
+            pytest.fail(f"{REQUIRE_ENV} is set (or CI is strict) but: {reason}")
+        skip(TOOL_MISSING, reason)
 
 
 def _p7_image(**kw) -> str:
     from harness.impls.docker_image import build_pin_image
     from harness.impls.registry import get_peer
-    if not get_peer("p7").available:
-        pytest.skip("p7 is not built: harness peers build p7")
+    peer("p7")
     return build_pin_image("p7", **kw).tag
 
 
@@ -93,7 +95,7 @@ def test_pin_image_has_the_bin_dir_and_every_linked_library():
     from harness.impls.registry import get_peer
     peer = get_peer("p7")
     if not peer.available:
-        pytest.skip("p7 is not built: harness peers build p7")
+        skip(PEER_MISSING, "p7 is not built: harness peers build p7")
     names = set(tarfile.open(fileobj=io.BytesIO(rootfs_tar(peer.bin_dir))).getnames())
     assert {"app/ggml-rpc-server", "app/libggml-rpc.so", "usr/bin/stdbuf"} <= names
     assert any(n.endswith("ld-linux-x86-64.so.2") for n in names)
@@ -233,8 +235,9 @@ def test_dockerd_script_starts_a_private_engine_and_stops_it_by_pid(tmp_path):
     script = Path(__file__).resolve().parents[1] / ".ci" / "dockerd.sh"
     if shutil.which("dockerd") is None or os.geteuid() != 0:
         if docker_required():
-            pytest.fail(f"{REQUIRE_ENV} is set but dockerd is missing or we are not root")
-        pytest.skip("needs dockerd (Debian's docker.io) and root")
+            pytest.fail(f"{REQUIRE_ENV} is set (or CI is strict) but dockerd is missing or we "
+                        "are not root")
+        skip(TOOL_MISSING, "needs dockerd (Debian's docker.io) and root")
     env = dict(os.environ, TMPDIR=str(tmp_path))
     out = subprocess.run(["bash", str(script), "start"], capture_output=True, text=True,
                          timeout=120, env=env)

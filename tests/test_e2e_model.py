@@ -8,12 +8,14 @@ import pytest
 
 from harness.impls.model_client import (TinyModelSpec, compare_local_rpc, ensure_shim,
                                         run_llama_simple, tiny_model, write_tiny_gguf)
-
+from needs import module
 from test_realclient_support import FakeServer, RealServer, realpeer, require_peer_dir
+
+GGUF_INSTALL = "pip install gguf (the project's build extra: make install)"
 
 
 def test_tiny_gguf_has_what_llama_needs(tmp_path):
-    gguf = pytest.importorskip("gguf")
+    gguf = module("gguf", GGUF_INSTALL)
     path = tmp_path / "tiny.gguf"
     info = write_tiny_gguf(path, TinyModelSpec())
     assert info["n_vocab"] == 3 + 256 + 12 + 66
@@ -28,7 +30,7 @@ def test_tiny_gguf_has_what_llama_needs(tmp_path):
 
 
 def test_tiny_model_is_cached(tmp_path):
-    pytest.importorskip("gguf")
+    module("gguf", GGUF_INSTALL)
     a = tiny_model(TinyModelSpec(seed=3), cache_dir=tmp_path)
     mtime = a.stat().st_mtime_ns
     b = tiny_model(TinyModelSpec(seed=3), cache_dir=tmp_path)
@@ -48,7 +50,7 @@ def test_shim_compiles_once_per_build(tmp_path):
 
 @pytest.fixture
 def model_env(tmp_path):
-    pytest.importorskip("gguf")
+    module("gguf", GGUF_INSTALL)
     bin_dir = require_peer_dir(llama_simple=True)
     model = tiny_model(cache_dir=tmp_path / "models")
     return bin_dir, model, ensure_shim(bin_dir, out_dir=tmp_path)

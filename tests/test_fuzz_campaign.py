@@ -12,6 +12,8 @@ import pytest
 
 from harness.fuzz.campaign import CampaignConfig, run_campaign
 from harness.fuzz.replay import replay
+from harness.strictness import TOOL_MISSING
+from needs import skip
 
 from test_realclient_support import realpeer, require_peer_dir
 
@@ -164,7 +166,7 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     from harness.proto import RpcTensor, get_dialect, ggml, pack_request
     from harness.proto import messages as m
     if shim_path() is None:
-        pytest.skip("no C compiler for the fault shim")
+        skip(TOOL_MISSING, "no C compiler for the fault shim")
     d = get_dialect("7.0.0")
     hello = step(rst.hello_request_frame(d), "HELLO")
     alloc = [step(pack_request(d, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",

@@ -11,6 +11,8 @@ import sys
 import pytest
 
 from harness.fuzz.report import campaign_problems
+from harness.strictness import TOOL_MISSING
+from needs import skip
 
 
 def _fuzz(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
@@ -21,7 +23,7 @@ def _fuzz(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
 def test_a_target_that_never_listens_fails_the_campaign(tmp_path):
     true = shutil.which("true")
     if true is None:
-        pytest.skip("no `true` binary")
+        skip(TOOL_MISSING, "no `true` binary")
     proc = _fuzz("--target", true, "--duration", "3s", "--workers", "2",
                  "--out", str(tmp_path / "t"))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]

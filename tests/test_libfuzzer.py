@@ -16,6 +16,7 @@ from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
 from harness.fuzz.libfuzzer.engine import Timeline, _class_of, _frame_start, signature_of
 from harness.fuzz.target import death_line
 from harness.proto import Cmd, get_dialect
+from needs import built
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "sanitizer"
 D = "7.0.0"
@@ -139,12 +140,7 @@ def test_frame_start_is_the_frame_read_last():
 
 def _p7_target():
     from harness.fuzz.libfuzzer.build import build_target
-    from harness.impls.registry import get_peer
-    try:
-        get_peer("p7")
-        return build_target("p7", "libfuzzer")
-    except Exception as e:  # noqa: BLE001 - no pin or no toolchain here
-        pytest.skip(f"no in-process p7 target: {e}")
+    return built("the in-process p7 target", lambda: build_target("p7", "libfuzzer"))
 
 
 def _traced(binary: Path, data: bytes, tmp_path: Path) -> list[str]:

@@ -16,6 +16,7 @@ from harness.fuzz import sanitizer
 from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, replay_target
 from harness.fuzz.replay import ReplayResult
 from harness.fuzz.target import Signature
+from needs import built, peer
 
 ROOT = Path(__file__).resolve().parent.parent
 FIX = ROOT / "fixtures" / "libfuzzer"
@@ -101,15 +102,8 @@ def test_checked_in_input_is_the_generators():
 
 def _builds(live_peer: str = "p7+asan+ubsan"):
     from harness.fuzz.libfuzzer.build import build_target
-    from harness.impls.registry import get_peer
-    try:
-        lf = build_target("p7", "libfuzzer")
-        live = get_peer(live_peer)
-    except Exception as e:  # noqa: BLE001 - no pin or no toolchain here
-        pytest.skip(f"no in-process p7 target: {e}")
-    if not live.available:
-        pytest.skip("p7+asan+ubsan is not built (`harness peers build p7 --sanitize "
-                    "address,undefined`)")
+    lf = built("the in-process p7 target", lambda: build_target("p7", "libfuzzer"))
+    peer(live_peer)  # the live sanitizer server it replays against
     return lf
 
 
@@ -266,3 +260,33 @@ def test_a_failure_on_never_written_memory_replays_against_the_sanitizer_server(
     _, planted = _finding(tmp_path / "planted", LibFuzzerConfig(
         target="p7", sanitizer_target="p7"), "unwritten-ids.bin", line, "GRAPH_COMPUTE")
     assert planted["replays"] is False and "release_replays" not in planted
+
+
+# ------------------------------------------------------------------ replay means the same bug
+def test_a_reproducer_without_a_saved_signature_reproduces_nothing():
+    # planted: the old rule counted any failure as reproduced when nothing was saved
+    assert not result(None, sig(ASSERT, "SIGABRT")).reproduced
+
+
+def test_the_command_is_part_of_the_bug():
+    assert result(sig(ASSERT, "SIGABRT"), sig(ASSERT, "SIGABRT")).reproduced
+    assert not result(sig(ASSERT, "SIGABRT"), sig(ASSERT, "SIGABRT", "GRAPH_COMPUTE")).reproduced
+
+
+def test_silent_deaths_match_on_signal_and_command_only_when_both_are_silent():
+    silent = Signature("crash", "SIGSEGV", "", "MEMSET_TENSOR")
+    assert result(silent, silent).reproduced
+    assert not result(silent, Signature("crash", "SIGSEGV", "", "INIT_TENSOR")).reproduced
+    # planted: one side names the fault, the other does not: not shown to be the same bug
+    named = Signature("crash", "SIGSEGV", "SIGSEGV in libggml-cpu.so: ggml_vec_add_f32",
+                      "MEMSET_TENSOR")
+    assert not result(silent, named).reproduced and not result(named, silent).reproduced
+
+
+def test_a_finding_without_a_signature_cannot_be_saved(tmp_path):
+    from harness.fuzz.case import annotate
+    from harness.fuzz.shrink import save_reproducer
+    with pytest.raises(ValueError, match="needs a signature"):
+        save_reproducer(tmp_path / "f", signature=None, case=annotate("7.0.0", ()),
+                        outcome=None, target="p7", dialect="7.0.0")
+    assert not (tmp_path / "f").exists()

@@ -20,6 +20,7 @@ from harness.matrix.verdict import judge
 from harness.impls.driver import ExitInfo
 from harness.matrix.model import Expectation
 from harness.report.writers import write_all
+from needs import peer
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -182,8 +183,7 @@ def test_mislabelled_server_is_misconfigured_not_incompatible(tmp_path):
 @pytest.mark.slow
 def test_harness_run_cli_on_real_peers(tmp_path):
     from harness.impls.registry import get_peer
-    if not get_peer("p7").available:
-        pytest.skip("p7 is not built: harness peers build p7")
+    peer("p7")
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "old-client", "new-server",
                            "--design", "bump", "--scenario", "handshake", "--scenario",
                            "weights-cache", "--out", str(tmp_path), "--matrix",

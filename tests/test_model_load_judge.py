@@ -18,6 +18,7 @@ from scenarios.mixed_fleet import MixedFleet
 from scenarios.model_load import judge_model_runs
 
 TEXT = "<s> Hello world abc"
+LAYER_BYTES = 1000  # the model's blk.* weights (what every run must offer the RPC device)
 
 
 def _prof(**kw) -> dict:
@@ -31,7 +32,7 @@ def _row(run="cold", server="llama-7f", hashes=3, hits=0, profile=True, endpoint
          nbytes=1000) -> dict:
     prof = _prof(hash_calls=hashes, hash_hits=hits, bytes=nbytes) if profile else None
     return {"run": run, "server": server, "endpoint": endpoint, "equal": True, "wall_s": 1.0,
-            "connections": 8, "upload_span_s": 0.5, "hashing_s": 0.1, "wire_s": 0.2,
+            "connections": 8, "client_hellos": 8, "upload_span_s": 0.5, "hashing_s": 0.1, "wire_s": 0.2,
             "gaps_s": 0.1, "set_tensor": 10, "set_tensor_bytes": nbytes,
             "set_tensor_hash": hashes, "cache_hits": hits, "bytes_hashed": 33,
             "client_profile": prof, "server_profile": copy.deepcopy(prof)}
@@ -39,7 +40,7 @@ def _row(run="cold", server="llama-7f", hashes=3, hits=0, profile=True, endpoint
 
 def _result(rows, texts=(TEXT, TEXT)) -> dict:
     return {"equal": all(t == TEXT for t in texts), "local_text": TEXT, "rpc_texts": list(texts),
-            "load_runs": rows}
+            "load_runs": rows, "layer_bytes": LAYER_BYTES}
 
 
 CTX_CACHE = SimpleNamespace(cache=True)
@@ -185,3 +186,35 @@ def test_profiles_of_several_connections_add_up():
     assert total["span_s"] == 0.7 and total["max_gap_s"] == 0.3
     assert total["flags"] == 1 and total["load_opt"] is False
     assert _sum_profiles([]) is None
+
+
+
+# ---------------------------------------------------------------- wire evidence (planted)
+def _unused(row: dict) -> dict:
+    """The RPC device silently unused: the model ran locally, nothing crossed the wire."""
+    return {**row, "connections": 0, "client_hellos": 0, "set_tensor": 0, "set_tensor_bytes": 0,
+            "set_tensor_hash": 0, "cache_hits": 0, "bytes_hashed": 0, "client_profile": None,
+            "server_profile": None}
+
+
+@pytest.mark.parametrize("ctx", [CTX_NO_CACHE, CTX_CACHE], ids=["no-cache", "cache"])
+def test_a_model_run_locally_fails_the_cell_though_its_text_is_right(ctx):
+    rows = [_unused(_row())] + ([_unused(_row("warm"))] if ctx.cache else [])
+    obs = judge_model_runs(ctx, _result(rows, texts=(TEXT,) * len(rows)))
+    assert obs.outcome == FAILED  # not works, and not works-degraded with a cache
+    names = [c.name for c in obs.failed_checks]
+    assert any("got connections" in n for n in names)
+    assert any("layer weights" in n for n in names)
+
+
+def test_a_connection_that_did_not_open_with_hello_fails():
+    rows = [{**_row(), "client_hellos": 7}, _row("warm", hits=3)]
+    obs = judge_model_runs(CTX_CACHE, _result(rows))
+    assert obs.outcome == FAILED and "HELLO" in obs.failed_checks[0].name
+
+
+def test_uploads_short_of_the_layers_fail():
+    rows = [_row(nbytes=100), _row("warm", hits=3, nbytes=100)]
+    obs = judge_model_runs(CTX_CACHE, {**_result(rows), "layer_bytes": 10_000})
+    assert obs.outcome == FAILED
+    assert all("layer weights" in c.name for c in obs.failed_checks)

@@ -28,6 +28,8 @@ from harness.impls import registry, sanitize, tools
 from harness.impls.build import (BuildError, PatchRejected, VariantUnsupported, build_pin,
                                  missing_build_tools)
 from harness.impls.registry import Pin
+from harness.strictness import TOOL_MISSING
+from needs import skip, tool_marker
 
 FAKE_SERVER_C = r"""
 #include <arpa/inet.h>
@@ -164,8 +166,8 @@ def cache(tmp_path, monkeypatch):
     return root
 
 
-needs_tools = pytest.mark.skipif(bool(missing_build_tools(_pin())),
-                                 reason=f"build tools missing: {missing_build_tools(_pin())}")
+needs_tools = tool_marker(bool(missing_build_tools(_pin())),
+                          f"build tools missing: {missing_build_tools(_pin())}")
 
 
 def _leftovers(cache: Path) -> list[str]:
@@ -431,7 +433,7 @@ def test_sanitizer_server_needs_its_runtime_options(tmp_path, cache, monkeypatch
     """Planted fault: without verify_asan_link_order=0 the ASan server, started through
     stdbuf's LD_PRELOAD, refuses to run, and the build is refused with it."""
     if not peer_build.find_tool("stdbuf"):
-        pytest.skip("no stdbuf here: the server is started without an LD_PRELOAD")
+        skip(TOOL_MISSING, "no stdbuf here: the server is started without an LD_PRELOAD")
     options = dict(sanitize.RUNTIME_OPTIONS["address"])
     del options["verify_asan_link_order"]
     monkeypatch.setitem(sanitize.RUNTIME_OPTIONS, "address", options)
@@ -451,7 +453,7 @@ def _can_link_ibverbs() -> bool:
 
 
 @needs_tools
-@pytest.mark.skipif(not _can_link_ibverbs(), reason="libibverbs-dev is not installed")
+@tool_marker(not _can_link_ibverbs(), "libibverbs-dev is not installed")
 def test_rdma_variant_links_libibverbs(tmp_path, cache):
     pin = _pin().variant(rdma=True)
     assert (pin.name, pin.key) == ("pfake+rdma", "fake-llama==1.0+rdma")
@@ -462,7 +464,7 @@ def test_rdma_variant_links_libibverbs(tmp_path, cache):
 
 
 @needs_tools
-@pytest.mark.skipif(not _can_link_ibverbs(), reason="libibverbs-dev is not installed")
+@tool_marker(not _can_link_ibverbs(), "libibverbs-dev is not installed")
 def test_rdma_build_that_does_not_link_libibverbs_is_refused(tmp_path, cache):
     """Planted fault: the tree has the option but the platform check turns it off again."""
     archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz", rdma_option=True,

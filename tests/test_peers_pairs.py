@@ -15,6 +15,7 @@ from harness.impls.supervisor import start_peer_server
 from harness.matrix.cells import release_cells
 from harness.matrix.model import load_matrix
 from harness.matrix.execute import run_cells
+from needs import peer_marker
 from peer_sessions import BASIC_SESSION, FILL_X, FILL_Y
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +35,7 @@ KNOWN_NULL_OFFSET = re.compile(r"UndefinedBehaviorSanitizer: undefined-behavior 
                                r"ggml\.c:\d+:\d+")
 
 
-@pytest.mark.skipif(not BUILT, reason="no real peer is built: `harness peers build --all`")
+@peer_marker(not BUILT, "no real peer is built: `harness peers build --all`")
 @pytest.mark.parametrize("peer", BUILT, ids=[p.name for p in BUILT])
 def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
     with start_peer_server(peer, workdir=tmp_path) as srv:
@@ -62,7 +63,7 @@ def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(len(RELEASES) < 2, reason="needs at least two real releases built")
+@peer_marker(len(RELEASES) < 2, "needs at least two real releases built: `harness peers build --all`")
 def test_every_cross_pair_is_rejected_at_hello_as_the_version_rule_predicts(tmp_path):
     m = load_matrix(ROOT / "matrix.yaml")
     names = [p.name for p in RELEASES]

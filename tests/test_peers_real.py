@@ -16,6 +16,8 @@ import pytest
 
 from harness.impls.registry import get_peer, list_peers, load_pins, probe_hello
 from harness.impls.supervisor import ServerStartError, start_peer_server, start_reference_server
+from harness.strictness import PEER_MISSING
+from needs import skip
 
 pytestmark = pytest.mark.realpeer
 
@@ -25,7 +27,7 @@ PIN_NAMES = list(load_pins())
 def _built(name: str):
     peer = get_peer(name)
     if not peer.available:
-        pytest.skip(f"peer {name} not built here: {peer.reason}")
+        skip(PEER_MISSING, f"peer {name} not built here: {peer.reason}")
     return peer
 
 
@@ -33,7 +35,7 @@ def _any_binary_peer():
     for peer in list_peers():
         if peer.available and peer.server_binary is not None:
             return peer
-    pytest.skip("no real peer with a server binary is built (run `harness peers build p7`)")
+    skip(PEER_MISSING, "no real peer with a server binary is built (run `harness peers build p7`)")
 
 
 @pytest.mark.parametrize("name", PIN_NAMES)
@@ -106,8 +108,7 @@ def _reference_serve_available() -> str | None:
 
 def test_reference_server_starts(tmp_path):
     reason = _reference_serve_available()
-    if reason:
-        pytest.skip(reason)
+    assert reason is None, reason  # the project's own server: never a skip
     with start_reference_server("7.0.0", workdir=tmp_path) as server:
         assert server.banner_version == "7.0.0"
         version, _ = probe_hello(server.host, server.port, 7)

@@ -26,6 +26,8 @@ from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFou
                                     verify_peer)
 from harness.impls.supervisor import (ServerProcess, ServerStartError, exit_info_from, free_port,
                                       listening_inodes)
+from harness.strictness import PLATFORM
+from needs import skip
 
 EXPECTED_PINS = {
     "p3": ("llama-cpp-python", "0.3.20", "3.6.1", "sdist", "rpc-server"),
@@ -387,7 +389,7 @@ def test_user_peer_with_proto3_server(tmp_path, cache, fake_server):
 def test_running_glibc_is_parsed():
     version = glibc_compat.running_glibc()
     if version is None:
-        pytest.skip("not a glibc system")
+        skip(PLATFORM, "not a glibc system")
     assert version >= (2, 17)
     assert glibc_compat.needed() == (version < (2, 38))
 
@@ -405,7 +407,7 @@ def test_weaken_is_a_noop_for_libraries_without_the_tag(tmp_path):
     libc = next((p for p in ("/lib/x86_64-linux-gnu/libm.so.6", "/usr/lib/x86_64-linux-gnu/libm.so.6")
                  if os.path.exists(p)), None)
     if libc is None:
-        pytest.skip("no libm to copy")
+        skip(PLATFORM, "no libm to copy")
     copy = tmp_path / "libm.so.6"
     shutil.copyfile(libc, copy)
     before = copy.read_bytes()

@@ -21,6 +21,8 @@ from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import get_peer, get_pin, load_pins, probe_hello
 from harness.impls.source import apply_patch, has_rdma_transport
 from harness.impls.supervisor import start_peer_server
+from harness.strictness import PEER_MISSING
+from needs import skip
 from peer_sessions import BASIC_SESSION
 
 pytestmark = pytest.mark.realpeer
@@ -32,7 +34,7 @@ PATCHED_LOG_LINE = 'printf("  local cache    : %s (patched)\\n", cache_dir ? cac
 def _built(name: str):
     peer = get_peer(name)
     if not peer.available:
-        pytest.skip(f"{name} is not built here: {peer.reason}")
+        skip(PEER_MISSING, f"{name} is not built here: {peer.reason}")
     return peer
 
 
@@ -54,7 +56,7 @@ def _session(peer, tmp_path: Path, tag: str) -> tuple[list, str]:
 def _p7_sdist() -> Path:
     archive = _cached_download(get_pin("p7"))
     if archive is None:
-        pytest.skip("the p7 sdist is not in the download cache (run `harness peers build p7`)")
+        skip(PEER_MISSING, "the p7 sdist is not in the download cache (run `harness peers build p7`)")
     return archive
 
 
@@ -118,7 +120,7 @@ def test_which_releases_have_the_rdma_transport(tmp_path):
         top = next((tmp_path / pin.name).iterdir()) if wanted else tmp_path
         have[pin.name] = has_rdma_transport(top / pin.source_subdir)
     if "p7" not in have:
-        pytest.skip("no sdists in the download cache")
+        skip(PEER_MISSING, "no sdists in the download cache (run `harness peers build --all`)")
     # 3.6.1 (0.3.20) predates the transport; 4.0.2 (0.3.34) already has it
     assert have == {name: name != "p3" for name in have}
 

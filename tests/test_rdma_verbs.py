@@ -31,6 +31,8 @@ from harness.transport.verbs import (
     verbs_endpoint,
     verbs_listener,
 )
+from harness.strictness import RDMA_HCA, RDMA_HCA_PRESENT, TOOL_MISSING, coded
+from needs import skip
 
 from softverbs_support import pyverbs_session, softverbs_lib_dir
 
@@ -88,7 +90,7 @@ def test_reason_when_there_are_no_devices(monkeypatch, tmp_path):
     assert "lists nothing" in reason
 
 
-@pytest.mark.skipif(OK, reason="this machine has an RDMA device")
+@pytest.mark.skipif(OK, reason=coded(RDMA_HCA_PRESENT, "this machine has an RDMA device"))
 def test_a_required_endpoint_refuses_with_the_same_reason():
     c, s = tcp_socket_pair()
     try:
@@ -100,7 +102,7 @@ def test_a_required_endpoint_refuses_with_the_same_reason():
         s.close()
 
 
-@pytest.mark.skipif(OK, reason="this machine has an RDMA device")
+@pytest.mark.skipif(OK, reason=coded(RDMA_HCA_PRESENT, "this machine has an RDMA device"))
 def test_without_a_device_both_sides_fall_back_to_tcp():
     srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=5,
                           out=io.StringIO(), err=io.StringIO())
@@ -122,7 +124,7 @@ def test_pyverbs_objects_the_wire_uses():
     try:
         verbs.import_pyverbs()
     except ImportError as e:
-        pytest.skip(f"pyverbs not importable here: {e}")
+        skip(TOOL_MISSING, f"pyverbs not importable here: {e} (apt-get install python3-pyverbs)")
     import pyverbs.addr as a
     import pyverbs.enums as e
     import pyverbs.qp as qp
@@ -153,8 +155,9 @@ def test_pyverbs_objects_the_wire_uses():
 
 
 @pytest.mark.skipif(not (OK and os.environ.get("RDMA_TEST_ADDR")),
-                    reason=f"no RDMA here: {REASON}" if not OK else
-                    "set RDMA_TEST_ADDR to an IPv4 address an RDMA device carries")
+                    reason=coded(RDMA_HCA, f"no RDMA here: {REASON}") if not OK else
+                    coded(TOOL_MISSING, "set RDMA_TEST_ADDR to an IPv4 address an RDMA device "
+                                        "carries"))
 @pytest.mark.parametrize("client_cfg, server_cfg", [(OLD, OLD), (SEED000, OLD), (OLD, SEED000),
                                                     (SEED000, SEED000)])
 def test_session_over_a_real_queue_pair(client_cfg, server_cfg):

@@ -12,6 +12,8 @@ import pytest
 
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import ServerProcess
+from harness.strictness import PEER_MISSING
+from needs import skip
 
 PEER_DIR_ENV = "GGML_RPC_HARNESS_TEST_PEER_DIR"  # override: any 7.0.0 bin dir
 PEER = "p7"  # the registry's proto-7.0.0 pin, built by `harness peers build p7`
@@ -35,13 +37,13 @@ def peer_dir() -> Path | None:
 def require_peer_dir(*, server: bool = True, llama_simple: bool = False) -> Path:
     d = peer_dir()
     if d is None:
-        pytest.skip(f"no real llama.cpp 7.0.0 build: run `harness peers build {PEER}` "
-                    f"(or set {PEER_DIR_ENV})")
+        skip(PEER_MISSING, f"no real llama.cpp 7.0.0 build: run `harness peers build {PEER}` "
+                           f"(or set {PEER_DIR_ENV})")
     if server and not (d / "ggml-rpc-server").exists():
-        pytest.skip(f"{d} has no ggml-rpc-server")
+        skip(PEER_MISSING, f"{d} has no ggml-rpc-server")
     if llama_simple and not (d / "llama-simple").exists():
-        pytest.skip(f"{d} has no llama-simple: run `harness peers build {PEER} "
-                    "--extra-target llama-simple`")
+        skip(PEER_MISSING, f"{d} has no llama-simple: run `harness peers build {PEER} "
+                           "--extra-target llama-simple`")
     return d
 
 

@@ -19,6 +19,7 @@ import pytest
 from harness.fuzz import sanitizer
 from harness.fuzz.faultinfo import is_sanitized
 from harness.fuzz.target import Signature, death_line
+from needs import tool_marker
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "sanitizer"
 
@@ -114,7 +115,7 @@ def test_death_line_without_a_report_is_unchanged():
 CLANG = shutil.which("clang++-16")
 
 
-@pytest.mark.skipif(CLANG is None, reason="needs clang++-16 (apt-get install clang-16)")
+@tool_marker(CLANG is None, "needs clang++-16 (apt-get install clang-16)")
 def test_fixtures_match_a_fresh_run_of_the_toy(tmp_path):
     """The toy's reports, recorded again now, give the recorded signatures; its binary is
     recognised as a sanitizer build (the fault shim stays out of its way)."""

@@ -20,6 +20,8 @@ from harness.impls.ref_client import RefClientDriver
 from harness.impls.registry import Peer, PeerError, get_peer, probe_hello, verify_peer
 from harness.impls.supervisor import ServerProcess, start_reference_server
 from harness.proto import HASH_THRESHOLD, SERVER_FLAG_CACHE
+from harness.strictness import PEER_MISSING
+from needs import skip
 from test_interop_real import run_session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,9 +61,9 @@ def p7() -> Peer:
     try:
         peer = get_peer(BASE_PIN)
     except PeerError as e:
-        pytest.skip(str(e))
+        skip(PEER_MISSING, str(e))
     if not peer.available:
-        pytest.skip(f"{BASE_PIN} is not built: {peer.reason}")
+        skip(PEER_MISSING, f"{BASE_PIN} is not built: {peer.reason}")
     return peer
 
 

@@ -26,4 +26,7 @@ def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int
         t.add_row(*r)
     console.print(t)
     console.print(f"report: {folder}/bench.md", highlight=False)
-    return 0
+    failed = [f for f in figures if f.failed]
+    for f in failed:
+        console.print(f"[red]{f.id} failed:[/red] {f.failed}", highlight=False)
+    return 1 if failed else 0

@@ -57,6 +57,7 @@ from .replay import load
 from .report import DEFAULT_MIN_MESSAGES, campaign_problems
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
+from .written import unwritten_ranges
 from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
                      normalise, slug)
 
@@ -65,13 +66,16 @@ _U64 = struct.Struct("<Q")
 _LEARNED = {"ALLOC_BUFFER": (0,), "BUFFER_GET_BASE": (0,)}  # u64 words holding heap addresses
 
 #: Differences that are not bugs: the same on every run of any two builds.
+UNWRITTEN = "unwritten"  # an answer entry's bytes: those the session did not write
 DEFAULT_ALLOW: list[dict] = [
     {"cmd": "GET_DEVICE_MEMORY", "kind": "answer",
      "reason": "free and total device memory are the host's (and the server's budget)"},
-    {"cmd": "GET_TENSOR", "kind": "answer",
-     "reason": "bytes never written: a fresh buffer holds what its allocator left there"},
-    {"cmd": "GET_TENSOR_2D", "kind": "answer",
-     "reason": "bytes never written: a fresh buffer holds what its allocator left there"},
+    {"cmd": "GET_TENSOR", "kind": "answer", "bytes": UNWRITTEN,
+     "reason": "bytes never written: a fresh buffer holds what its allocator left there (only "
+               "bytes the session did not write, harness/fuzz/written.py, are masked)"},
+    {"cmd": "GET_TENSOR_2D", "kind": "answer", "bytes": UNWRITTEN,
+     "reason": "bytes never written: a fresh buffer holds what its allocator left there (only "
+               "bytes the session did not write, harness/fuzz/written.py, are masked)"},
     {"cmd": "*", "kind": "close", "match": r" same-step$",
      "reason": "both answered the same steps and nothing answered follows: whether a client "
                "sees the close before it has sent the rest is timing, which the wire cannot "
@@ -122,9 +126,11 @@ def load_allow(path: Path | None, *, defaults: bool = True,
             except (re.error, TypeError) as err:
                 raise DifferentialError(f"{path}: bad match {e['match']!r}: {err}") from None
         b = e.get("bytes")
-        if b is not None and not (isinstance(b, list) and len(b) == 2
-                                  and all(isinstance(x, int) and x >= 0 for x in b)):
-            raise DifferentialError(f"{path}: bytes must be [start, end], not {b!r}")
+        if b is not None and b != UNWRITTEN and not (
+                isinstance(b, list) and len(b) == 2 and all(isinstance(x, int) and x >= 0
+                                                            for x in b)):
+            raise DifferentialError(f"{path}: bytes must be [start, end] or {UNWRITTEN!r}, "
+                                    f"not {b!r}")
         entries.append({"kind": "answer", **e})
     return entries
 
@@ -161,14 +167,18 @@ def _renamed(cmd: str, payload: bytes) -> bytes:
     return bytes(buf)
 
 
-def _masked(cmd: str, payload: bytes, allow: list[dict]) -> bytes:
+def _masked(cmd: str, payload: bytes, allow: list[dict],
+            unwritten: list[tuple[int, int]] | None = None) -> bytes:
+    """The payload with the bytes the entries mask zeroed: ``bytes: [start, end]``, the bytes
+    the session never wrote (``bytes: unwritten``, from ``unwritten``), or all of it."""
     buf = bytearray(payload)
     for e in allow:
         if e["kind"] != "answer" or e["cmd"] != cmd or "match" in e:
             continue
-        start, end = e.get("bytes") or (0, len(buf))
-        for k in range(start, min(end, len(buf))):
-            buf[k] = 0
+        b = e.get("bytes")
+        spans = (unwritten or []) if b == UNWRITTEN else [tuple(b) if b else (0, len(buf))]
+        for start, end in spans:
+            buf[start:min(end, len(buf))] = bytes(max(0, min(end, len(buf)) - start))
     return bytes(buf)
 
 
@@ -265,13 +275,16 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
                 f"{labels[1]}: {ob.status} after {ob.proven} ({ob.detail}); cause named: "
                 f"step {at}", at, case.steps[at])
+    gaps: dict[int, list[tuple[int, int]]] | None = None  # read only when an answer differs
     for (i, cmd, pa), (_, _, pb) in zip(answers(case, oa), answers(case, ob)):
         ra, rb = (_renamed(cmd, p) for p in (pa, pb))
         if ra == rb:
             continue
         masks = [e for e in allow if e["kind"] == "answer" and e["cmd"] == cmd
                  and "match" not in e]
-        ra, rb = (_masked(cmd, r, masks) for r in (ra, rb))
+        if gaps is None and any(e.get("bytes") == UNWRITTEN for e in masks):
+            gaps = unwritten_ranges(case)
+        ra, rb = (_masked(cmd, r, masks, (gaps or {}).get(i)) for r in (ra, rb))
         if ra == rb:
             allowed_by(masks[0])
         elif not allowed_by(_allowing([e for e in allow if "match" in e], "answer", cmd,

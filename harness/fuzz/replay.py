@@ -45,30 +45,36 @@ class ReplayResult:
         return self.matches(across_builds=True)
 
     def matches(self, *, across_builds: bool) -> bool:
+        """The same bug: the saved signature's class, its abort line / sanitizer report /
+        faulting frame (an abort moved to another line only ``across_builds``), and the
+        command. A reproducer without a saved signature matches nothing: any failure would
+        do, which is no evidence that it is this one."""
         o, e = self.observed, self.expected
-        if o is None:
+        if o is None or e is None or o.kind != e.kind:
             return False
-        if e is None or o.same_bug(e, command=False):
+        if o.kind == "memory" and sanitizer.rss_bound(o.line) and sanitizer.rss_bound(e.line):
+            # one RSS bound passed, whichever sampler saw it first: which step it noticed it
+            # at is timing, so the command is no part of this bug's signature
             return True
-        if across_builds and (o.kind, o.signal) == (e.kind, e.signal) and \
-                same_abort_moved(o.line, e.line):
+        if o.command != e.command:
+            return False
+        if o.same_bug(e):
             return True
-        if o.kind == e.kind == "memory" and sanitizer.rss_bound(o.line) and \
-                sanitizer.rss_bound(e.line):
-            return True  # one RSS bound passed, whichever sampler saw it first
-        if (o.kind, o.signal) == (e.kind, e.signal) and same_abort_site(o.line, e.line):
-            return True  # one abort, its __LINE__ as gcc and as clang place it
-        if o.kind == e.kind and sanitizer.same_report(o.line, e.line):
+        if o.signal == e.signal and (same_abort_site(o.line, e.line) or (
+                across_builds and same_abort_moved(o.line, e.line))):
+            return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
+        if sanitizer.same_report(o.line, e.line):
             # One sanitizer error seen by two builds: how it ends the process is a runtime
             # option (exit 1 in process, SIGABRT from a server with abort_on_error).
             return True
-        # A death without a log line on one side (saved or replayed without the fault shim,
-        # see faultinfo): the signal is all there is to compare.
-        return (not o.line or not e.line) and (o.kind, o.signal) == (e.kind, e.signal)
+        # Two deaths without a log line (saved and replayed without the fault shim, see
+        # faultinfo): the signal and the command are all there is to compare. One with a
+        # line and one without is not shown to be the same bug.
+        return not o.line and not e.line and o.signal == e.signal
 
     def summary(self) -> str:
         lines = [f"target   : {self.target} ({self.steps} steps)",
-                 f"expected : {self.expected.title() if self.expected else '(no signature saved)'}",
+                 f"expected : {self.expected.title() if self.expected else '(no signature saved: nothing to match)'}",
                  f"observed : {self.observed.title() if self.observed else 'nothing: the target survived'}"]
         if self.detail:
             lines.append(f"detail   : {self.detail}")

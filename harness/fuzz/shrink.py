@@ -137,7 +137,10 @@ def transcript_of(case: Case, out: Outcome | None, meta: dict) -> Transcript:
 def save_reproducer(folder: Path, *, signature: Signature, case: Case, outcome: Outcome | None,
                     target: str, dialect: str, detail: str = "", extra: dict | None = None,
                     ) -> dict:
-    """Write the reproducer folder; returns the finding.json content."""
+    """Write the reproducer folder; returns the finding.json content. A finding without a
+    signature is refused: its replay could match nothing (harness.fuzz.replay)."""
+    if not isinstance(signature, Signature) or not signature.kind:
+        raise ValueError(f"a finding needs a signature to be saved, not {signature!r}")
     folder.mkdir(parents=True, exist_ok=True)
     meta = {"format": FORMAT, "signature": signature.to_json(), "target": target,
             "dialect": dialect, "case": case.to_json()}
@@ -181,6 +184,6 @@ def test_{name.replace("-", "_")}_is_fixed(tmp_path):
     try:
         result = replay(Path(__file__).with_name("repro.rpct"), TARGET, workdir=tmp_path)
     except TargetError as e:  # this machine has no such target
-        pytest.skip(f"cannot start {{TARGET}}: {{e}}")
+        pytest.skip(f"[peer-missing] cannot start {{TARGET}}: {{e}}")
     assert not result.reproduced, result.summary()
 '''

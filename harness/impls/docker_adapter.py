@@ -26,6 +26,7 @@ from pathlib import Path
 
 import psutil
 
+from ..strictness import strict
 from .driver import ExitInfo
 from .real_client import CtypesClientDriver
 from .supervisor import (BANNER_RE, ServerProcess, ServerStartError,
@@ -43,7 +44,8 @@ class DockerUnavailable(ServerStartError):
 
 
 def docker_required() -> bool:
-    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+    """A missing engine fails rather than skips: asked for, or strict (CI)."""
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0") or strict()
 
 
 def engine_client(timeout: float = 10.0):

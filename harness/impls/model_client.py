@@ -158,6 +158,14 @@ def write_tiny_gguf(path: str | os.PathLike, spec: TinyModelSpec = TinyModelSpec
             "ff": spec.ff}
 
 
+def layer_weight_bytes(model: str | os.PathLike) -> int:
+    """Bytes of the model's repeating layers (``blk.*``), read from the GGUF: with every layer
+    offloaded (llama-simple's ngl=99) these are what the RPC device must receive."""
+    from gguf import GGUFReader
+    return sum(int(t.n_bytes) for t in GGUFReader(str(model)).tensors
+               if t.name.startswith("blk."))
+
+
 def tiny_model(spec: TinyModelSpec = TinyModelSpec(), cache_dir: str | os.PathLike | None = None
                ) -> Path:
     """The tiny model for ``spec``, generated on first use (never shipped as a file)."""

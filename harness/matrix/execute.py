@@ -23,12 +23,12 @@ from ..capture.proxy import RecordingProxy, compact
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter, adapter_for, adapter_for_peer
 from ..impls.driver import ClientDriver, ExitInfo
-from ..impls.model_client import (LOAD_MODEL_SPEC, LOADPROF_ENV, ModelRun, ensure_shim,
-                                  run_llama_simple, tiny_model)
+from ..impls.model_client import (LOADPROF_ENV, LOAD_MODEL_SPEC, ModelRun, ensure_shim,
+                                  layer_weight_bytes, run_llama_simple, tiny_model)
 from ..impls.supervisor import ServerProcess, ServerStartError
 from ..reference.client import RefClient
 from ..reference.knobs import Misbehaviour, parse_knobs
-from ..proto import Session
+from ..proto import Cmd, Session
 from ..scenario import (DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, REJECTED,
                         SCENARIOS, Observation, Scenario, Skip, handshake_facts)
 from ..transport.chop import Delivery, FaultProxy
@@ -40,6 +40,7 @@ from .rdma import unavailable as rdma_unavailable
 from .rdma_soft import TRANSPORT as RDMA_SOFT
 from .rdma_soft import SoftRdmaCell, rdma_pin
 from .rdma_soft import unavailable as soft_unavailable
+from .evidence import wire_evidence
 from .releases import predict
 from .verdict import ERROR, HANG, Verdict, describe, judge
 
@@ -272,7 +273,8 @@ class CellContext:
             summary["runs"].append({"run": label, "equal": equal, **_run_summary(rpc)})
         (self.workdir / "model.json").write_text(json.dumps(summary, indent=2))
         return {"equal": all(r["equal"] for r in summary["runs"]), "local_text": local.text,
-                "rpc_texts": [r["text"] for r in summary["runs"]], "load_runs": rows}
+                "rpc_texts": [r["text"] for r in summary["runs"]], "load_runs": rows,
+                "layer_bytes": layer_weight_bytes(model)}
 
 
 def _run_summary(run: ModelRun) -> dict:
@@ -310,8 +312,11 @@ def _load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int
                   equal: bool, client_records: list[ConnectionProfile]) -> dict:
     transcripts = member.transcripts()[n_conns:]
     wire = LoadProfile()
+    client_hellos = 0
     for t in transcripts:
-        wire.merge(profile(t, t.decode()))
+        session = t.decode()
+        wire.merge(profile(t, session))
+        client_hellos += session.commands[:1] == [Cmd.HELLO]
     records = member.profiles()[n_profiles:]
     settle = time.monotonic() + _PROFILE_SETTLE_S
     while records and len(records) < len(transcripts) and time.monotonic() < settle:
@@ -319,6 +324,7 @@ def _load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int
         records = member.profiles()[n_profiles:]
     return {"run": label, "server": member.name, "endpoint": member.endpoint, "equal": equal,
             "wall_s": round(rpc.seconds, 4), "connections": len(transcripts),
+            "client_hellos": client_hellos,
             "upload_span_s": wire.upload_span, "hashing_s": wire.hashing_seconds,
             "wire_s": wire.wire_seconds, "gaps_s": wire.gap_seconds,
             "set_tensor": wire.set_tensor_calls, "set_tensor_bytes": wire.set_tensor_bytes,
@@ -529,6 +535,9 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
                 obs.facts["rdma"] = [{k: f[k] for k in RDMA_FACTS} for f in facts]
             (folder / "rdma.json").write_text(json.dumps(facts, indent=1, default=str))
         _write_artefacts(folder, transcripts, ctx, srv)
+        if obs is not None and not hang:
+            obs.checks += wire_evidence(scenario, obs, [t.decode() for t in transcripts],
+                                        job.client.dialect)
         if proxy is None and obs is not None:
             obs.checks += connection_checks(ctx.endpoints, srv, expect.outcome == REJECTED)
             obs.facts["rdma"] = connection_facts(ctx.endpoints, srv)

@@ -111,6 +111,14 @@ class Releases(_Strict):
     description: str = ""
 
 
+class AllowedSkip(_Strict):
+    """A skip every run of this matrix accepts: a known gap of the harness, with its reason
+    (a skip code or a substring of the skip's reason, as --allow-skip takes)."""
+
+    match: str
+    because: str
+
+
 class Defaults(_Strict):
     deadline: float = 120.0  # seconds for one cell x scenario
     idle_timeout: float = 30.0  # seconds without a byte on the wire while a client runs
@@ -127,6 +135,7 @@ class Matrix(_Strict):
     cache_options: dict[str, list[bool]] = {}  # scenario -> server cache values to run
     expectations: list[Expectation]
     releases: Optional[Releases] = None
+    allowed_skips: list[AllowedSkip] = []
 
     @model_validator(mode="after")
     def _references(self):

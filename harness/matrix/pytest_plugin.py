@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from ..strictness import UNCODED, coded
 from .skips import AllowSkip, describe_refused
 
 _OPTION = "--matrix"
@@ -92,8 +93,10 @@ class MatrixItem(pytest.Item):
                        Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout),
                        cfg._ggml_rpc_run)
         if row["verdict"] == "skip":
-            if AllowSkip.parse(cfg.getoption("--matrix-allow-skip")).allows(row):
-                pytest.skip(row["reason"])
+            allowed = [*(a.match for a in matrix.allowed_skips),
+                       *cfg.getoption("--matrix-allow-skip")]
+            if AllowSkip.parse(allowed).allows(row):
+                pytest.skip(coded(row["skip_code"] or UNCODED, row["reason"]))
             raise MatrixCellFailure(f"skipped, and --matrix-allow-skip does not accept it: "
                                     f"{describe_refused([row])[0]}")
         if row["verdict"] != "pass":

@@ -152,8 +152,11 @@ class SoftRdmaCell:
             if not pieces:
                 out.append(tr)
                 continue
+            # everything: compact() applies the frame-aware budget afterwards (Transcript's
+            # own keep elides whole chunks past it, frame headers included, and a decode then
+            # saw nothing after the first MiB)
             merged = Transcript(meta={**tr.meta, "rdma": {"client_qpn": cq, "server_qpn": sq}},
-                                keep=tr.keep)
+                                keep=1 << 62)
             for t, direction, data in sorted(
                     [(c.t, c.direction, c.data if c.data is not None else c.length)
                      for c in tr.chunks] + pieces, key=lambda p: p[0]):

@@ -26,6 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..strictness import strict
+
 REQUIRE_ENV = "GGML_RPC_HARNESS_REQUIRE_CHROMIUM"
 WIDTH = 1400
 _TIMEOUT = 60.0
@@ -179,4 +181,5 @@ def check_report(html_path: Path, screenshot: Path | None = None,
 
 
 def chromium_required() -> bool:
-    return os.environ.get(REQUIRE_ENV, "") not in ("", "0")
+    """A missing browser fails rather than skips: asked for, or strict (CI)."""
+    return os.environ.get(REQUIRE_ENV, "") not in ("", "0") or strict()

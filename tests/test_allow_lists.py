@@ -1,0 +1,220 @@
+"""The differential allow-lists as shipped: every entry lets its own divergence pass and
+nothing near it, and the built-in GET_TENSOR entry masks only bytes the session never wrote."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
+from harness.fuzz.case_runner import Finding
+from harness.fuzz.differential import SHIPPED_ALLOW_DIR, compare, load_allow
+from harness.fuzz.execute import CLOSED, OK, Outcome
+from harness.fuzz.target import Signature
+from harness.fuzz.written import unwritten_ranges
+from harness.proto import get_dialect, pack_request
+from harness.proto import messages as m
+from harness.proto.tensor import RpcTensor
+from harness import strategies as rst
+
+D7 = get_dialect("7.0.0")
+LABELS = ("p7", "ref-7.0.0")
+HELLO = bytes([7, 0, 0])
+
+
+def _tensor(offset: int, n: int, buffer: int = 0) -> RpcTensor:
+    """An f32 vector of ``n`` floats at ``offset`` of buffer ``buffer`` (sentinel pointers)."""
+    return RpcTensor(id=1, type=0, buffer=sentinel(HANDLE, buffer), ne=(n, 1, 1, 1),
+                     nb=(4, 4 * n, 4 * n, 4 * n), data=sentinel(BASE, buffer) + offset)
+
+
+def _session(*steps):
+    head = (step(rst.hello_request_frame(D7), "HELLO"),
+            step(pack_request(D7, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",
+                 learn=(HANDLE, 0)),
+            step(pack_request(D7, m.BufferGetBaseRequest(sentinel(HANDLE, 0))), "BUFFER_GET_BASE",
+                 learn=(BASE, 0)))
+    return annotate(D7, head + tuple(steps))
+
+
+def _get(offset: int, size: int, buffer: int = 0):
+    return step(pack_request(D7, m.GetTensorRequest(_tensor(0, 256, buffer), offset, size)),
+                "GET_TENSOR")
+
+
+def _set(offset: int, data: bytes):
+    return step(pack_request(D7, m.SetTensorRequest(_tensor(0, 256), 0, offset, data)),
+                "SET_TENSOR")
+
+
+# ------------------------------------------------------------------ what a session wrote
+def test_a_read_of_written_and_fresh_bytes_masks_only_the_fresh():
+    case = _session(_set(16, bytes(range(16))), _get(0, 64))
+    assert unwritten_ranges(case) == {4: [(0, 16), (32, 64)]}
+
+
+def test_memset_clear_and_copy_write_what_they_touch():
+    memset = step(pack_request(D7, m.MemsetTensorRequest(_tensor(0, 256), 100, 20, 7)),
+                  "MEMSET_TENSOR")
+    copy = step(pack_request(D7, m.CopyTensorRequest(_tensor(100, 8), _tensor(200, 8))),
+                "COPY_TENSOR")  # 32 bytes: 100..120 written, 120..132 not
+    case = _session(memset, copy, _get(200, 32), _get(100, 20))
+    gaps = unwritten_ranges(case)
+    assert gaps[5] == [(20, 32)] and gaps[6] == []
+    clear = step(pack_request(D7, m.BufferClearRequest(sentinel(HANDLE, 0), 0)), "BUFFER_CLEAR")
+    assert unwritten_ranges(_session(clear, _get(0, 4096)))[4] == []
+
+
+def test_a_new_buffer_under_an_index_starts_unwritten_and_unplaced_reads_stay_masked():
+    again = step(pack_request(D7, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",
+                 learn=(HANDLE, 0))
+    case = _session(_set(0, bytes(32)), again, _get(0, 32))
+    assert unwritten_ranges(case)[5] == [(0, 32)]
+    foreign = step(pack_request(D7, m.GetTensorRequest(
+        RpcTensor(type=0, ne=(8, 1, 1, 1), nb=(4, 32, 32, 32), data=0x1234), 0, 32)),
+        "GET_TENSOR")
+    assert unwritten_ranges(_session(foreign))[3] == [(0, 32)]
+
+
+def _runs(case, *answers_per_side, statuses=(OK, OK), proven=None, broke=(None, None)):
+    out = []
+    for side, answers in enumerate(answers_per_side):
+        s2c = b"".join(len(a).to_bytes(8, "little") + a for a in answers)
+        sig = broke[side]
+        out.append((Finding(sig, case) if sig else None,
+                    Outcome(statuses[side], proven=proven[side] if proven else len(answers),
+                            log=[("s2c", 0.0, s2c)])))
+    return out
+
+
+def _read_answers(data_a: bytes, data_b: bytes):
+    head = [HELLO, (0x55AA0000).to_bytes(8, "little") + (4096).to_bytes(8, "little"),
+            (0x55AB0000).to_bytes(8, "little")]
+    return head + [data_a], head + [data_b]
+
+
+def test_the_built_in_entry_masks_bytes_never_written_and_nothing_else():
+    allow = load_allow(None)  # the built-in entries, as every differential run has them
+    case = _session(_set(16, bytes(range(16))), _get(0, 32))
+    written = bytes(range(16))
+    # garbage where nobody wrote: the allocator's business
+    a, b = _read_answers(b"\xaa" * 16 + written, bytes(16) + written)
+    assert compare(case, _runs(case, a, b), LABELS, allow) is None
+    # planted: a wrong byte among the written ones is a divergence (the entry once masked the
+    # whole answer and let it pass)
+    wrong = bytes(16) + bytes([0xFF]) + written[1:]
+    a, b = _read_answers(bytes(16) + written, wrong)
+    div = compare(case, _runs(case, a, b), LABELS, allow)
+    assert div is not None and div.signature.command == "GET_TENSOR"
+    assert "payload byte 16" in div.signature.line
+
+
+# ------------------------------------------------------------------ the shipped YAML lists
+SHIPPED = sorted(SHIPPED_ALLOW_DIR.glob("allow-*.yaml"))
+
+
+def _death(line: str) -> Signature:
+    return Signature("crash", "SIGSEGV" if line.startswith("SIGSEGV") else "SIGABRT", line,
+                     "SET_TENSOR")
+
+
+# planted divergences: (entry pattern it must be allowed by, the real side's death line)
+DEATHS = [
+    'ggml-backend.cpp:345: GGML_ASSERT(offset + size <= ggml_nbytes(tensor) && "tensor write '
+    'out of bounds") failed',
+    'ggml-backend.cpp:500: GGML_ASSERT(offset + size <= ggml_nbytes(tensor) && "tensor read '
+    'out of bounds") failed',
+    'ggml-rpc.cpp:1413: GGML_ASSERT(tensor->data + tensor_size >= tensor->data) failed',
+    'ggml-rpc.cpp:1414: GGML_ASSERT(tensor->data >= buffer_start && tensor->data + tensor_size '
+    '<= buffer_start + buffer_size) failed',
+    "ggml.c:1787: GGML_ASSERT(INT64_MAX / ne[i] > current_nelements) failed",
+    "terminate called after throwing an instance of 'std::length_error'",
+    "SIGSEGV stack overflow",
+    "binary-ops.cpp:59: GGML_ASSERT(nb00 == sizeof(src0_t)) failed",
+    "ggml-cpu.c:2512: fatal error",
+    'ggml-rpc.cpp:700: GGML_ASSERT(header.offset + size <= ggml_nbytes(tensor) && "tensor '
+    'write out of bounds") failed',
+]
+# near misses no death entry may let pass: another assert, the same one on the reference, ...
+NEAR_DEATHS = [
+    "ggml-rpc.cpp:1500: GGML_ASSERT(buffer != nullptr) failed",
+    "ggml-backend.cpp:345: GGML_ASSERT(tensor->buffer) failed",
+    "AddressSanitizer: heap-buffer-overflow on address 0x?",
+]
+
+
+def _death_runs(case, line: str, *, real_side: int = 0):
+    sig = _death(line)
+    broke = (sig, None) if real_side == 0 else (None, sig)
+    return _runs(case, [HELLO], [HELLO], statuses=(CLOSED, OK), broke=broke)
+
+
+def _entries(path: Path) -> list[dict]:
+    return load_allow(path, defaults=False)
+
+
+def _allows(entry: dict, runs, case) -> bool:
+    return compare(case, runs, LABELS, [entry]) is None
+
+
+def _close_case(what: str, stale: str | None = None):
+    """A case whose close point is blamed on a mutation ``what`` (and a stale buffer)."""
+    mutated = step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT",
+                   desc={"kind": what.split(":")[0], "what": what.split(":")[1]})
+    steps = [mutated]
+    if stale:
+        free = step(pack_request(D7, m.FreeBufferRequest(sentinel(HANDLE, 0))), "FREE_BUFFER")
+        ref = _get(0, 8) if stale == "stale-base" else step(
+            pack_request(D7, m.BufferClearRequest(sentinel(HANDLE, 0), 0)), "BUFFER_CLEAR")
+        steps = [free, ref]
+    return _session(*steps)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
+    case = _session()
+    covered = 0
+    for entry in _entries(path):
+        if entry["kind"] == "death":
+            mine = [d for d in DEATHS if re.search(entry["match"], f"p7 broke: crash "
+                                                   f"{_death(d).signal} {d} / survived")]
+            assert mine, f"{path.name}: no planted death for {entry['match']}"
+            for line in mine:
+                assert _allows(entry, _death_runs(case, line), case), line
+                # the same death on the reference side is not the real server's bug
+                assert not _allows(entry, _death_runs(case, line, real_side=1), case), line
+            for line in NEAR_DEATHS:
+                assert not _allows(entry, _death_runs(case, line), case), (entry["match"], line)
+        elif entry["kind"] == "close":
+            stale = next((t for t in ("stale-base", "stale-handle") if t in entry["match"]), None)
+            c = _close_case("framing:len_huge", stale)
+            if stale is None:  # both answered as much: same-step
+                runs = _runs(c, [HELLO], [HELLO], statuses=(OK, CLOSED))
+            else:  # the real side answered the stale step, the reference closed there
+                runs = _runs(c, [HELLO, bytes(16), bytes(8)], [HELLO, bytes(16), bytes(8)],
+                             statuses=(OK, CLOSED), proven=(5, 4))
+            assert _allows(entry, runs, c), entry["match"]
+            # near: a valid step (no framing mutation, no freed buffer) closing differently
+            near = _session(step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT"))
+            assert not _allows(entry, _runs(near, [HELLO, bytes(16), bytes(8), bytes(8)],
+                                            [HELLO, bytes(16), bytes(8)],
+                                            statuses=(OK, CLOSED), proven=(4, 3)), near), entry
+        else:  # answer: an allocation one side refuses (all-zero) is host-dependent
+            assert entry["cmd"] == "ALLOC_BUFFER", entry
+            head = [HELLO, (0x55AA0000).to_bytes(8, "little") + (4096).to_bytes(8, "little")]
+            a = [HELLO, (0x55AA0000).to_bytes(8, "little") + (1 << 40).to_bytes(8, "little")]
+            b = [HELLO, bytes(16)]
+            c = annotate(D7, _session().steps[:2])
+            assert _allows(entry, _runs(c, a, b), c)
+            # near: both allocated, sizes differ (not a refused allocation)
+            assert not _allows(entry, _runs(c, head, [HELLO, (0x55AB0000).to_bytes(8, "little")
+                                                      + (2048).to_bytes(8, "little")]), c)
+        covered += 1
+    assert covered == len(_entries(path))
+
+
+def test_the_shipped_lists_are_the_ones_tested():
+    assert {p.name for p in SHIPPED} == {"allow-7.0.0.yaml", "allow-7.0.0+flags.yaml",
+                                         "allow-8.0.0.yaml"}

@@ -1,0 +1,66 @@
+"""Figures in README.md that a command can produce are produced by it: the cell counts from
+`harness list --json --releases`, the designs and the releases pins from matrix.yaml."""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
+         "nine": 9, "ten": 10}
+
+
+def _cells() -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "harness", "list", "--json", "--releases"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300, check=True)
+    return json.loads(out.stdout)
+
+
+def _section(title: str) -> str:
+    start = README.index(f"## {title}")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end > 0 else None]
+
+
+def test_the_matrix_size_in_the_readme_is_what_harness_list_says():
+    cells = _cells()
+    by_transport = collections.Counter(c["transport"] for c in cells)
+    releases = sum(c["design"] == "releases" for c in cells)
+    m = re.search(r"The full matrix \(([\d,]+) cells: ([\d,]+) over TCP \(([\d,]+) of them the "
+                  r"releases design\), ([\d,]+) over emulated RDMA, ([\d,]+) over rdma-soft\)",
+                  " ".join(README.split()))
+    assert m, "README: the sentence 'The full matrix (N cells: ...)' is missing"
+    said = [int(x.replace(",", "")) for x in m.groups()]
+    assert said == [len(cells), by_transport["tcp"], releases, by_transport["rdma-emu"],
+                    by_transport["rdma-soft"]], said
+
+
+def test_every_design_is_described_and_no_other():
+    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    text = _section("What the matrix says")
+    named = set()
+    for bold in re.findall(r"\*\*([a-z0-9/ -]+)\*\*", text):
+        named |= {n.strip() for n in bold.split("/")}
+    designs = set(m["designs"]) | {"releases"}
+    scenarios = set(m["scenarios"])
+    assert designs <= named, f"designs without a README entry: {designs - named}"
+    assert named - designs <= scenarios | {"real c code in all four"}, \
+        f"README names designs matrix.yaml does not have: {named - designs - scenarios}"
+
+
+def test_the_releases_pins_in_the_readme_are_matrix_yamls():
+    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    peers = m["releases"]["peers"]
+    count = re.search(r"The (\w+) pins are the matrix's fixed points", README)
+    assert count and WORDS[count.group(1)] == len(peers)
+    from harness.impls.pins import get_pin
+    protos = ", ".join(get_pin(p).proto for p in peers)
+    assert f"**releases**: every real build ({protos}) against every" in README
