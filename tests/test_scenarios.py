@@ -68,6 +68,7 @@ def test_a_scenario_defined_here_registers_and_runs_in_a_cell(tmp_path):
         id = "throwaway-echo"
         title = "A scenario no other file knows"
         description = "Connect, read the device count."
+        evidence = ("DEVICE_COUNT",)
 
         def run(self, ctx):
             try:
@@ -80,7 +81,12 @@ def test_a_scenario_defined_here_registers_and_runs_in_a_cell(tmp_path):
         assert SCENARIOS["throwaway-echo"].__class__ is Echo
         row = run_one(tmp_path, one_design(REF7, ALL_REF7, ["throwaway-echo"]))
         assert (row["scenario"], row["verdict"]) == ("throwaway-echo", "pass"), row["reason"]
-        assert row["checks"] == [{"name": "a device", "ok": True, "evidence": "{'count': 1}"}]
+        assert row["checks"][0] == {"name": "a device", "ok": True, "evidence": "{'count': 1}"}
+        # then what the verdict rests on, from the cell's wire
+        assert [c["name"] for c in row["checks"][1:]] == [
+            "wire evidence: the client's connections reached the server",
+            "wire evidence: every connection opened with HELLO",
+            "wire evidence: DEVICE_COUNT crossed the wire"]
     finally:
         del SCENARIOS["throwaway-echo"]
 
@@ -89,7 +95,7 @@ def test_a_taken_id_is_refused():
     with pytest.raises(ValueError, match="taken"):
         @scenario
         class Again(Scenario):
-            id, title, description = "handshake", "t", "d"
+            id, title, description, evidence = "handshake", "t", "d", ("HELLO",)
 
 
 # ------------------------------------------------------------------ strict skips
