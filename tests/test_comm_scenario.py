@@ -19,7 +19,12 @@ def _row(tmp_path, impls=REF9, roles=ALL_REF9, **extra) -> dict:
 def test_reference_9_cell_passes(tmp_path):
     row = _row(tmp_path)
     assert row["verdict"] == "pass" and row["observed"] == "works"
-    assert all(c["ok"] for c in row["checks"]) and len(row["checks"]) == 4
+    # the scenario's four checks, then the wire evidence its verdict rests on
+    assert all(c["ok"] for c in row["checks"]) and len(row["checks"]) == 4 + 4
+    assert {c["name"] for c in row["checks"][4:]} == {
+        "wire evidence: the client's connections reached the server",
+        "wire evidence: every connection opened with HELLO",
+        "wire evidence: COMM_INIT crossed the wire", "wire evidence: COMM_ALLREDUCE crossed the wire"}
     assert row["facts"]["max_error_4"] == 0.0 and row["facts"]["max_error_32768"] > 0
 
 
