@@ -218,3 +218,29 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
 def test_the_shipped_lists_are_the_ones_tested():
     assert {p.name for p in SHIPPED} == {"allow-7.0.0.yaml", "allow-7.0.0+flags.yaml",
                                          "allow-8.0.0.yaml"}
+
+
+def test_what_a_graph_computes_is_no_longer_what_the_session_wrote():
+    # planted: the session writes 64 bytes, then a graph's node computes over the first 32 of
+    # them (the real server with ggml-cpu, the reference with numpy: their bytes may differ)
+    from harness.proto import ggml
+    node = RpcTensor(id=3, type=0, buffer=sentinel(HANDLE, 0), ne=(8, 1, 1, 1),
+                     nb=(4, 32, 32, 32), data=sentinel(BASE, 0), op=ggml.OP["ADD"],
+                     src=(1, 2) + (0,) * 8)
+    a = RpcTensor(id=1, type=0, buffer=sentinel(HANDLE, 0), ne=(8, 1, 1, 1), nb=(4, 32, 32, 32),
+                  data=sentinel(BASE, 0) + 256)
+    graph = step(pack_request(D7, m.GraphComputeRequest(0, 0, (3,), (a, a.with_(id=2), node))),
+                 "GRAPH_COMPUTE")
+    case = _session(_set(0, bytes(64)), graph, _get(0, 64))
+    assert unwritten_ranges(case)[5] == [(0, 32)]
+
+
+def test_an_overlapping_copy_leaves_its_destination_undefined():
+    # written, then copied onto itself shifted by 8: memcpy of overlapping ranges (the real
+    # server's) is undefined, and the read after it is masked; a disjoint copy is compared
+    overlap = step(pack_request(D7, m.CopyTensorRequest(_tensor(8, 8), _tensor(0, 8))),
+                   "COPY_TENSOR")
+    assert unwritten_ranges(_session(_set(0, bytes(64)), overlap, _get(0, 32)))[5] == [(0, 32)]
+    apart = step(pack_request(D7, m.CopyTensorRequest(_tensor(0, 8), _tensor(512, 8))),
+                 "COPY_TENSOR")
+    assert unwritten_ranges(_session(_set(0, bytes(64)), apart, _get(512, 32)))[5] == []

@@ -49,11 +49,13 @@ from .replay import load, replay
 from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, save_reproducer, transcript_of
+from .sweep import size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetError, \
     TargetSpec
 
 STATS_EVERY = 0.5  # seconds between progress events from a worker
 FINALISE_GRACE = 30.0  # a finding made just before the end may finish minimising this late
+SWEEP_SHARE = 0.2  # the sweep may take the first fifth of a campaign
 
 
 @dataclass
@@ -82,6 +84,9 @@ class CampaignConfig:
     shard: tuple[int, int] = (1, 1)  # (i, n): this job is shard i of n of one campaign
     min_messages: int = DEFAULT_MIN_MESSAGES  # fewer exchanged: the campaign tested nothing
     oracles: dict = field(default_factory=dict)  # OracleLimits.to_json(): thresholds, cache
+    # the deterministic sweep (harness/fuzz/sweep.py) first, for at most this share of the
+    # duration; 0 leaves it out
+    sweep_share: float = SWEEP_SHARE
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -165,6 +170,7 @@ class _Worker:
             # reference server included since it links like p8: none comes from the fuzzer.
             self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps, local_only=True)
             self._warm_up()
+            self._sweep()
             round_no = 0
             while time.time() < self.end:
                 generated = self.stats["generated"]
@@ -198,6 +204,27 @@ class _Worker:
                 continue
             self._run_case(case)  # a finding is queued: no hypothesis round to shrink it
         self._drain_queue()
+
+    def _sweep(self) -> None:
+        """The systematic phase (this worker's share of it): every operator x command, then
+        the boundary classes, in at most ``sweep_share`` of the campaign's time. What it did
+        not reach in time is counted (sweep_done < sweep_total), and the report says so."""
+        if self.cfg.sweep_share <= 0:
+            return
+        shard = (self.global_index + 1, self.cfg.all_workers)
+        self.stats["sweep_total"] = sweep_size(self.dialect, shard=shard)
+        self.emit({"type": "sweep", "worker": self.index, "total": self.stats["sweep_total"],
+                   "dialect": self.dialect})
+        stop = self.t0 + self.cfg.sweep_share * max(self.end - self.t0, 0.0)
+        t0 = time.perf_counter()
+        for item in sweep_cases(self.dialect, shard=shard):
+            if time.time() >= min(stop, self.end):
+                break
+            self._run_case(item.case)
+            self.stats["sweep_done"] += 1
+        self.timing["sweep"] += time.perf_counter() - t0
+        self._emit_stats(force=True)
+        self._drain_queue()  # its findings, confirmed and minimised after it
 
     # -- one hypothesis round
     def _round(self, round_seed: int) -> None:

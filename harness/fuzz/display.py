@@ -58,6 +58,11 @@ class LiveProgress:
         t.add_row("time", f"{elapsed:5.0f} / {self.duration:.0f} s")
         t.add_row("messages", f"{frames:,}  ({frames / max(elapsed, 1e-9):,.0f}/s)")
         t.add_row("connections", f"{progress.total('cases'):,}")
+        sweep_total = progress.total("sweep_total")
+        if sweep_total:
+            done = progress.total("sweep_done")
+            t.add_row("sweep", f"{done:,} / {sweep_total:,} cases"
+                      + (" (done; random search)" if done >= sweep_total else ""))
         t.add_row("restarts", str(progress.total("restarts")))
         hunting = [w.get("hunting") for w in progress.workers.values() if w.get("hunting")]
         t.add_row("signatures", f"{len(progress.findings)} distinct, "

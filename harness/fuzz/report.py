@@ -56,6 +56,10 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
                "oracles": oracle_summary(cfg.oracles, progress.workers.values()),
                "workers_never_listened": [i for i in range(cfg.workers) if not
                                           progress.workers.get(i, {}).get("target_starts")]})
+    done, total = progress.total("sweep_done"), progress.total("sweep_total")
+    report["sweep"] = {"cases": total, "done": done, "complete": done >= total,
+                       "seconds": round(progress.merged("timing").get("sweep", 0.0), 1),
+                       "share": cfg.sweep_share}
     report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
 
@@ -130,6 +134,27 @@ def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) ->
     elif report.get("messages_sent", 0) < min_messages:
         out.append(f"only {report.get('messages_sent', 0):,} messages exchanged, fewer than the "
                    f"minimum {min_messages:,} (--min-messages)")
+    out += systematic_problems(report)
+    return out
+
+
+SYSTEMATIC_FROM_S = 120.0  # a campaign this long must have swept and exercised everything
+
+
+def systematic_problems(report: dict) -> list[str]:
+    """A campaign of at least two minutes that did not finish its sweep, or left catalogue
+    entries unexercised, did not try what it claims to try."""
+    if (report.get("duration_s") or 0) < SYSTEMATIC_FROM_S or report.get("interrupted"):
+        return []
+    out = []
+    sweep = report.get("sweep") or {}
+    if sweep.get("cases") and not sweep.get("complete"):
+        out.append(f"the sweep ran {sweep['done']:,} of its {sweep['cases']:,} cases in its "
+                   f"share of the time ({sweep.get('seconds', 0):.0f} s)")
+    missing = (report.get("coverage") or {}).get("missing") or []
+    if missing:
+        out.append(f"{len(missing)} mutation x command pairs not exercised: "
+                   + ", ".join(missing[:8]) + (" ..." if len(missing) > 8 else ""))
     return out
 
 
@@ -225,6 +250,7 @@ def render_markdown(r: dict, out: Path) -> str:
               f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s): "
               f"{r.get('generated_cases', 0):,} generated, {r.get('evolved_cases', 0):,} "
               "derived from the evolving corpus |",
+              _sweep_row(r.get("sweep")),
               f"| corpus | {r.get('corpus_entries', 0):,} entries kept for "
               f"{r.get('behaviours', 0):,} distinct behaviours |",
               "| worker time | " + (", ".join(f"{k} {v:,.1f} s" for k, v in
@@ -242,6 +268,15 @@ def render_markdown(r: dict, out: Path) -> str:
                                                       sorted(r["statuses"].items())) + " |",
               ""]
     return _render_rest(r, out, lines)
+
+
+def _sweep_row(sweep: dict | None) -> str:
+    if not sweep or not sweep.get("cases"):
+        return "| sweep | not run |"
+    state = "complete" if sweep["complete"] else \
+        f"**stopped at its share of the time: {sweep['cases'] - sweep['done']:,} cases not run**"
+    return (f"| sweep (deterministic, first) | {sweep['done']:,} of {sweep['cases']:,} cases in "
+            f"{sweep.get('seconds', 0):.1f} s, {state} |")
 
 
 def _render_rest(r: dict, out: Path, lines: list[str]) -> str:

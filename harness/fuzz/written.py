@@ -7,6 +7,10 @@ the sentinels name it), the ranges written so far by SET_TENSOR, SET_TENSOR_2D, 
 and BUFFER_CLEAR, and moved by COPY_TENSOR (a copy of never-written bytes is never-written).
 What GRAPH_COMPUTE writes counts as never written too: the reference computes with numpy,
 ggml-cpu with its own kernels (f16 activations for MUL_MAT), so computed bytes differ by design.
+So does the destination of a COPY_TENSOR whose source overlaps it: the real server copies
+with memcpy, whose result for overlapping ranges depends on the buffers' alignment (on heap
+state: such divergences did not replay on fresh servers); the ASan-instrumented server reports
+it as memcpy-param-overlap, a finding of the in-process engine.
 A data pointer that is no sentinel base (a mutated field) says nothing about where it reads.
 """
 
@@ -49,6 +53,20 @@ class _Ranges:
         keep.append((a, b))
         self.spans = sorted(keep)
 
+    def remove(self, a: int, b: int) -> None:
+        if b <= a:
+            return
+        keep = []
+        for s, e in self.spans:
+            if e <= a or s >= b:
+                keep.append((s, e))
+                continue
+            if s < a:
+                keep.append((s, a))
+            if e > b:
+                keep.append((b, e))
+        self.spans = sorted(keep)
+
     def covered(self, a: int, b: int) -> list[tuple[int, int]]:
         return [(max(a, s), min(b, e)) for s, e in self.spans if s < b and e > a]
 
@@ -76,6 +94,7 @@ def unwritten_ranges(case: Case) -> dict[int, list[tuple[int, int]]]:
     dialect = get_dialect(case.dialect)
     written: dict[int, _Ranges] = {}
     out: dict[int, list[tuple[int, int]]] = {}
+    last_graph = None
 
     def buf(i: int) -> _Ranges:
         return written.setdefault(i, _Ranges())
@@ -106,13 +125,35 @@ def unwritten_ranges(case: Case) -> dict[int, list[tuple[int, int]]]:
             src, dst = _place(msg.src.data), _place(msg.dst.data)
             n = _size(msg.src)
             if src and dst and n is not None:
+                if src[0] == dst[0] and src[1] < dst[1] + n and dst[1] < src[1] + n:
+                    # overlapping: the real server's memcpy leaves the destination undefined
+                    buf(dst[0]).remove(dst[1], dst[1] + n)
+                    continue
                 moved = [(s - src[1], e - src[1]) for s, e in
                          buf(src[0]).covered(src[1], src[1] + n)]
+                buf(dst[0]).remove(dst[1], dst[1] + n)
                 for s, e in moved:
                     buf(dst[0]).add(dst[1] + s, dst[1] + e)
+        elif cmd in ("GRAPH_COMPUTE", "GRAPH_RECOMPUTE"):
+            # what the nodes compute is no longer what the session wrote (numerics differ)
+            for t in _graph_nodes(msg, last_graph):
+                where, n = _place(t.data), _size(t)
+                if where and n is not None:
+                    buf(where[0]).remove(where[1], where[1] + n)
+            if cmd == "GRAPH_COMPUTE":
+                last_graph = msg
         elif cmd in ("GET_TENSOR", "GET_TENSOR_2D"):
             out[at] = _read_gaps(buf, msg, cmd)
     return out
+
+
+def _graph_nodes(msg, last_graph) -> list[RpcTensor]:
+    """The node tensors a GRAPH_COMPUTE (or the GRAPH_RECOMPUTE of the last graph) writes."""
+    graph = msg if hasattr(msg, "tensors") else last_graph
+    if graph is None:
+        return []
+    nodes = set(graph.nodes)
+    return [t for t in graph.tensors if t.id in nodes]
 
 
 def _read_gaps(buf, msg, cmd: str) -> list[tuple[int, int]]:

@@ -36,7 +36,7 @@ from .messages import (REQUEST_DRAWERS, RESPONSE_DRAWERS, exchanges, hello_reque
 from .registry import (DESCRIPTION_KEYS, MUTATION_KINDS, MUTATIONS, Mutation, MutationOp, Site,
                        candidates, check_description, mutation, mutation_catalogue, mutations,
                        strategy_of, tensor_mutation, unregister, whats)
-from . import fields as _fields, flags as _flags, framing as _framing  # noqa: F401 - register
+from . import boundaries as _boundaries, fields as _fields, flags as _flags, framing as _framing  # noqa: F401 - register
 
 __all__ = [
     # building blocks

@@ -1,0 +1,261 @@
+"""Boundary classes as tables: the values the systematic sweep walks exhaustively
+(:mod:`harness.fuzz.sweep`) and the random phase draws from (the operators registered here).
+
+One definition for both, so what the sweep covers and what a long campaign keeps drawing are
+the same classes:
+
+* ``placement``: where a tensor says it lives. Its ``buffer`` is its own buffer, the other
+  buffer of the session, null or a handle nobody allocated; its ``data`` is at and around the
+  base and the end of *each* buffer (``base-1 .. base+1``, ``end-nbytes-1 .. end-nbytes+1``,
+  ``end-1 .. end+1``), or null, or the largest address. A tensor whose buffer field names one
+  buffer while its data lies in the other is a case here; the per-buffer operators of
+  :mod:`.fields` never draw it;
+* ``shape_class``: zero elements, one element, a dimension of 1 with a huge stride, rows past
+  the buffer, ``ne x nb`` products that overflow 64 bits (to a huge and to a tiny nbytes),
+  types at and past the end of the enum;
+* ``range_class``: ``offset`` / ``size`` at and around 0, the tensor's end, the buffer's end,
+  and values whose sum wraps;
+* ``graph_class``: node id 0, repeated and missing nodes, dangling sources, chains and fan-ins
+  of depth 2^k up to the reference's graph bound, many more nodes than tensors, op ids at and
+  past the enum.
+
+Nothing here names a known bug: these are the edges of the fields the protocol defines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import strategies as st
+
+from ...proto import ggml
+from ...proto.constants import Cmd
+from ...proto.messages import GraphComputeRequest
+from ...proto.tensor import RpcTensor
+from .basics import U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
+from .registry import _get_tensor, _replace_tensor, mutation, request_fields, tensor_slots
+
+# A heap-like address no ALLOC_BUFFER returned (far from the sentinels of harness.fuzz.case).
+UNKNOWN_HANDLE = 0x0000_7F3D_0EAD_B000
+MAX_GRAPH_TENSORS = 1 << 16  # the reference server's graph bound (harness/reference)
+CHAIN_EXPONENTS = (1, 4, 8, 12, 16)
+FANIN_EXPONENTS = (1, 4, 8, 12, 15)  # a binary tree of 2^k leaves: 2^(k+1) - 1 tensors
+
+
+def _u64(v: int) -> int:
+    return v & U64_MAX
+
+
+def _edges(r: BufferRegion, n: int) -> list[tuple[str, int]]:
+    base, end = r.base, r.end
+    return [("base-1", base - 1), ("base", base), ("base+1", base + 1),
+            ("end-nbytes-1", end - n - 1), ("end-nbytes", end - n), ("end-nbytes+1", end - n + 1),
+            ("end-1", end - 1), ("end", end), ("end+1", end + 1)]
+
+
+def placement_cases(regions: tuple[BufferRegion, ...], own: int, nbytes: int
+                    ) -> list[tuple[str, int, int]]:
+    """(case, buffer field, data pointer) for a tensor of ``nbytes`` whose buffer is
+    ``regions[own]``: every buffer value x data at and around each buffer's edges."""
+    own_r = regions[own]
+    other_r = regions[1 - own] if len(regions) > 1 and own < 2 else own_r
+    handles = {"own": own_r.handle, "other": other_r.handle, "null": 0,
+               "unknown": UNKNOWN_HANDLE}
+    out = []
+    for hname, h in handles.items():
+        for rname, r in (("own", own_r), ("other", other_r)):
+            out += [(f"buffer={hname} data={rname}:{p}", h, _u64(v)) for p, v in _edges(r, nbytes)]
+        out += [(f"buffer={hname} data=null", h, 0), (f"buffer={hname} data=max", h, U64_MAX)]
+    return out
+
+
+# ne x nb that overflows 64 bits back to a tiny total: 4 + (2^32-2)(2^32-1) + 6 * 2^31 = 2^64 + 6
+_WRAP_SMALL = ((1, U32_MAX, 7, 1), (4, U32_MAX, 1 << 31, 4))
+
+
+def shape_cases(t: RpcTensor) -> list[tuple[str, tuple, tuple, int]]:
+    """(case, ne, nb, type) at the edges of a tensor's shape and type."""
+    f32 = ggml.TYPE_F32
+    return [
+        ("zero_elements", (0, 1, 1, 1), (4, 0, 0, 0), f32),
+        ("one_element", (1, 1, 1, 1), (4, 4, 4, 4), f32),
+        ("dim1_huge_stride", (t.ne[0], 1, 1, 1), (4, U32_MAX, U32_MAX, U32_MAX), f32),
+        ("rows_past_buffer", (16, 4, 1, 1), (4, 1 << 20, 1 << 22, 1 << 22), f32),
+        ("nbytes_wraps_to_huge", (U32_MAX,) * 4, (U32_MAX,) * 4, f32),
+        ("nbytes_wraps_to_small", *_WRAP_SMALL, f32),
+        ("type_last", t.ne, t.nb, len(ggml.TYPES) - 1),
+        ("type_past_enum", t.ne, t.nb, len(ggml.TYPES)),
+    ]
+
+
+def range_cases(nbytes: int, buffer_size: int) -> list[tuple[str, int, int]]:
+    """(case, offset, size) at the edges of a tensor of ``nbytes`` in a buffer."""
+    out = [(f"offset={name}", _u64(v), 1) for name, v in (
+        ("0", 0), ("1", 1), ("nbytes-1", nbytes - 1), ("nbytes", nbytes),
+        ("nbytes+1", nbytes + 1), ("buffer", buffer_size), ("2^63", 1 << 63), ("max", U64_MAX))]
+    out += [(f"size={name}", 0, _u64(v)) for name, v in (
+        ("0", 0), ("1", 1), ("nbytes-1", nbytes - 1), ("nbytes", nbytes), ("nbytes+1", nbytes + 1),
+        ("buffer", buffer_size), ("max", U64_MAX))]
+    out += [("sum_wraps", U64_MAX, 2), ("sum_ends_at_nbytes+1", nbytes - 1, 2)]
+    return out
+
+
+def _t(tid: int, r: BufferRegion, at: int = 0, n: int = 16, **kw) -> RpcTensor:
+    return RpcTensor(id=tid, type=ggml.TYPE_F32, buffer=r.handle, ne=(n, 1, 1, 1),
+                     nb=(4, 4 * n, 4 * n, 4 * n), data=r.base + at, **kw)
+
+
+def _chain(r: BufferRegion, depth: int) -> tuple[tuple[int, ...], tuple[RpcTensor, ...]]:
+    add = ggml.OP["ADD"]
+    first = _t(1, r)
+    tensors = [first]
+    for i in range(2, depth + 2):
+        tensors.append(_t(i, r, op=add, src=(i - 1, i - 1) + (0,) * 8))
+    return tuple(t.id for t in tensors[1:]), tuple(tensors)
+
+
+def _fanin(r: BufferRegion, k: int) -> tuple[tuple[int, ...], tuple[RpcTensor, ...]]:
+    add = ggml.OP["ADD"]
+    leaves = 1 << k
+    tensors = [_t(i + 1, r) for i in range(leaves)]
+    level = [t.id for t in tensors]
+    nodes = []
+    next_id = leaves + 1
+    while len(level) > 1:
+        up = []
+        for a, b in zip(level[::2], level[1::2]):
+            tensors.append(_t(next_id, r, op=add, src=(a, b) + (0,) * 8))
+            nodes.append(next_id)
+            up.append(next_id)
+            next_id += 1
+        level = up
+    return tuple(nodes), tuple(tensors)
+
+
+def graph_cases(regions: tuple[BufferRegion, ...], uid: int = 1
+                ) -> list[tuple[str, tuple[int, ...], tuple[RpcTensor, ...]]]:
+    """(case, node ids, tensors) of GRAPH_COMPUTE at the edges of the graph fields."""
+    r = regions[0]
+    add = ggml.OP["ADD"]
+    a, b = _t(1, r, 0), _t(2, r, 64)
+    out = _t(3, regions[-1], 128 if len(regions) == 1 else 0, op=add, src=(1, 2) + (0,) * 8)
+    base = (a, b, out)
+    cases = [
+        ("node_id_zero", (0,), base),
+        ("node_repeated", (3, 3), base),
+        ("node_missing", (77,), base),
+        ("source_missing", (3,), (a, b, replace(out, src=(99, 2) + (0,) * 8))),
+        ("source_is_node", (3,), (a, b, replace(out, src=(3, 2) + (0,) * 8))),
+        ("nodes_far_above_tensors", (3,) * 1024, base),
+        ("no_nodes", (), base),
+        ("op_last", (3,), (a, b, replace(out, op=ggml.OP_COUNT - 1))),
+        ("op_past_enum", (3,), (a, b, replace(out, op=ggml.OP_COUNT))),
+        ("op_255", (3,), (a, b, replace(out, op=255))),
+    ]
+    for k in CHAIN_EXPONENTS:
+        if (1 << k) + 1 <= MAX_GRAPH_TENSORS + 1:
+            cases.append((f"chain_2^{k}", *_chain(r, 1 << k)))
+    for k in FANIN_EXPONENTS:
+        if (2 << k) - 1 <= MAX_GRAPH_TENSORS:
+            cases.append((f"fanin_2^{k}", *_fanin(r, k)))
+    return cases
+
+
+# ---------------------------------------------------------------- the random phase
+
+def _own_index(site, t: RpcTensor) -> int:
+    regions = site.buffers or (site.region,)
+    for i, r in enumerate(regions):
+        if r.base <= t.data < r.end:
+            return i
+    return 0
+
+
+def _slot(draw, site):
+    msg = site.request
+    slot = draw(st.sampled_from(tensor_slots(site.d, site.cmd)))
+    index = 0
+    if slot == "tensors[]":
+        index = draw(st.integers(0, max(len(msg.tensors) - 1, 0)))
+    return msg, slot, index
+
+
+def _tensor_cmds(d, c) -> bool:
+    return bool(tensor_slots(d, c))
+
+
+@mutation("field", "placement", applies=_tensor_cmds,
+          fields=lambda d, c: tuple(f"{s}.{f}" for s in tensor_slots(d, c)
+                                    for f in ("buffer", "data")))
+def _(draw, site):
+    msg, slot, index = _slot(draw, site)
+    if slot == "tensors[]" and not msg.tensors:
+        return site.mutation("tensors[].data", msg)
+    t = _get_tensor(msg, slot, index)
+    regions = tuple(site.buffers or (site.region,))
+    case, handle, data = draw(st.sampled_from(placement_cases(regions, _own_index(site, t),
+                                                              _tensor_nbytes(t))))
+    extra = {"index": index} if slot.endswith("[]") else {}
+    return site.mutation(f"{slot}.data", _replace_tensor(msg, slot, index,
+                                                         replace(t, buffer=handle, data=data)),
+                         case=case, value=data, **extra)
+
+
+@mutation("field", "shape_class", applies=_tensor_cmds,
+          fields=lambda d, c: tuple(f"{s}.ne" for s in tensor_slots(d, c)))
+def _(draw, site):
+    msg, slot, index = _slot(draw, site)
+    if slot == "tensors[]" and not msg.tensors:
+        return site.mutation("tensors[].ne", msg)
+    t = _get_tensor(msg, slot, index)
+    case, ne, nb, type_ = draw(st.sampled_from(shape_cases(t)))
+    extra = {"index": index} if slot.endswith("[]") else {}
+    return site.mutation(f"{slot}.ne", _replace_tensor(msg, slot, index,
+                                                       replace(t, ne=ne, nb=nb, type=type_)),
+                         case=case, **extra)
+
+
+RANGED = (Cmd.SET_TENSOR, Cmd.GET_TENSOR, Cmd.MEMSET_TENSOR, Cmd.SET_TENSOR_HASH,
+          Cmd.SET_TENSOR_2D, Cmd.GET_TENSOR_2D)
+
+
+def with_range(msg, cmd: Cmd, offset: int, size: int):
+    """``msg`` with offset and size (SET_TENSOR: its data length, at most 64 KiB of it)."""
+    if cmd is Cmd.SET_TENSOR:
+        return replace(msg, offset=offset, data=bytes(min(size, 1 << 16)))
+    if cmd is Cmd.SET_TENSOR_HASH:
+        return replace(msg, offset=offset)
+    if cmd is Cmd.SET_TENSOR_2D:  # the data length stays what size x n_copies says
+        return replace(msg, offset=offset, size=size,
+                       data=bytes(min(size * max(msg.n_copies, 1), 1 << 16)))
+    return replace(msg, offset=offset, size=size)
+
+
+@mutation("field", "range_class", applies=lambda d, c: c in RANGED,
+          fields=lambda d, c: tuple(f for f in ("offset", "size") if f in request_fields(d, c)))
+def _(draw, site):
+    msg = site.request
+    n = _tensor_nbytes(msg.tensor)
+    case, offset, size = draw(st.sampled_from(range_cases(n, site.region.size)))
+    field = "size" if case.startswith("size") else "offset"
+    if field not in request_fields(site.d, site.cmd):
+        field = "offset"
+    return site.mutation(field, with_range(msg, site.cmd, offset, size), case=case,
+                         value=size if field == "size" else offset)
+
+
+@mutation("field", "graph_class", applies=lambda d, c: c is Cmd.GRAPH_COMPUTE,
+          fields=("tensors",))
+def _(draw, site):
+    regions = tuple(site.buffers or (site.region,))
+    cases = [c for c in graph_cases(regions) if len(c[2]) <= 4096]  # the big ones: sweep only
+    case, nodes, tensors = draw(st.sampled_from(cases))
+    return site.mutation("tensors", graph_request(site.d, nodes, tensors, site.request),
+                         case=case)
+
+
+def graph_request(d, nodes, tensors, template: GraphComputeRequest | None = None
+                  ) -> GraphComputeRequest:
+    """A GRAPH_COMPUTE of ``d`` (with the uid field where the dialect has one)."""
+    uid = (template.uid if template is not None else 1) if d.graph_uid else 0
+    return GraphComputeRequest(device=0, uid=uid, nodes=tuple(nodes), tensors=tuple(tensors))

@@ -1,0 +1,252 @@
+"""The systematic phase every campaign starts with: a deterministic sweep before the random
+search, so what a campaign tries does not depend on how much CPU it happens to get.
+
+Two parts, the same for a dialect on every machine:
+
+1. **the catalogue walk**: every registered request-side mutation operator x every command it
+   applies to (the coverage table's catalogue), drawn ``draws`` times from fixed seeds, each in
+   a session of its own. Once the walk ran, a campaign's "not exercised" list is empty.
+2. **the boundary sweep**: for every command that carries tensors and every tensor role in it
+   (tensor, src, dst, srcs[0], and in GRAPH_COMPUTE the node, a source, a view and the view's
+   source), every ``placement`` and ``shape_class`` of :mod:`harness.fuzz.strategies.boundaries`;
+   every ``range_class`` of the commands with an offset and a size; every ``graph_class``; and
+   SET_TENSOR's cache flag 0, 1, 2 and 255. Each is a one-request session after the same
+   set-up: HELLO, then ALLOC_BUFFER + BUFFER_GET_BASE of two buffers (4 KiB and 8 KiB), then the
+   request, then a GET_ALIGNMENT probe.
+
+Cases come lazily (the deep graphs are megabytes); ``size`` counts them without building any.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
+
+from ..proto import Cmd, get_dialect, ggml
+from ..proto import messages as m
+from ..proto.dialects import Dialect
+from ..proto.tensor import RpcTensor
+from . import strategies as rst
+from .case import Case, annotate, step
+from .generate import _PROBE, _Model, _alloc_steps, _frame, _not_comm_init
+from .strategies.boundaries import (RANGED, graph_cases, graph_request, placement_cases,
+                                    range_cases, shape_cases, with_range)
+from .strategies.basics import _tensor_nbytes
+from .strategies.registry import _get_tensor, _replace_tensor
+
+SETUP = (4096, 8192)  # the two buffers every boundary session allocates first
+DRAWS = 2  # draws per (operator, command) in the catalogue walk
+CACHE_FLAGS = (0, 1, 2, 255)
+
+
+@dataclass(frozen=True)
+class SweepCase:
+    """One case of the sweep and what it stands for (for the report)."""
+
+    part: str  # "catalogue" | "boundary"
+    label: str  # "field:placement:GET_TENSOR tensor buffer=own data=other:end+1"
+    case: Case
+
+
+# ---------------------------------------------------------------- sessions
+
+def _setup(d: Dialect) -> tuple[list, tuple]:
+    model = _Model()
+    steps = [step(rst.hello_request_frame(d), Cmd.HELLO.value)]
+    for size in SETUP:
+        steps += _alloc_steps(size, d, model)
+    return steps, tuple(model.regions)
+
+
+def _probe(d: Dialect):
+    return step(_frame(d, _PROBE), Cmd.GET_ALIGNMENT.value)
+
+
+def _session(d: Dialect, head: list, frame: bytes, cmd: str, desc: dict) -> Case:
+    last = step(frame, cmd, desc=desc, eof=bool(desc.get("eof")))
+    return annotate(d, tuple([*head, last, _probe(d)]), meta={"mutations": [desc], "sweep": True})
+
+
+# ---------------------------------------------------------------- 1. the catalogue walk
+
+def _walk_pairs(d: Dialect) -> list[tuple[rst.MutationOp, Cmd | None]]:
+    return [(op, c) for kind in rst.MUTATION_KINDS for op, c in rst.candidates(d, kind)
+            if op.direction == "request"]
+
+
+def _drawn(strategy, n: int, seed: int) -> list:
+    found = []
+
+    @settings(database=None, max_examples=n, deadline=None, phases=(Phase.generate,),
+              suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet)
+    @hyp_seed(seed)
+    @given(strategy)
+    def collect(x):
+        if len(found) < n:
+            found.append(x)
+    collect()
+    return found
+
+
+def catalogue_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
+                   ) -> Iterator[SweepCase]:
+    d = get_dialect(dialect)
+    head, regions = _setup(d)
+    hello = [step(rst.hello_request_frame(d), Cmd.HELLO.value)]
+    for op, cmd in _walk_pairs(d):
+        name = cmd.value if cmd is not None else "UNKNOWN"
+        seed = zlib.crc32(f"{d.name}|{op.kind}|{op.what}|{name}".encode())
+        buffers = None if op.kind == "framing" else regions
+        strategy = rst.strategy_of(d, op.kind, cmd, what=op.what, buffers=buffers)
+        for mut in _drawn(strategy, draws, seed):
+            if local_only and not _not_comm_init(mut):
+                continue
+            desc = mut.description
+            at = desc["at"]
+            before = [] if at == "connect" else hello if at == "after_hello" else head
+            if at == "connect" and not op.opening:
+                # the server must refuse this connection: only the probe follows
+                case = annotate(d, (step(mut.data, desc["cmd"], desc=desc,
+                                         eof=bool(desc.get("eof"))), _probe(d)),
+                                meta={"mutations": [desc], "sweep": True})
+            else:
+                case = _session(d, before, mut.data, desc["cmd"], desc)
+            yield SweepCase("catalogue", f"{op.kind}:{op.what}:{name}", case)
+
+
+# ---------------------------------------------------------------- 2. the boundary sweep
+
+def _t(tid: int, r, at: int = 512, n: int = 64, **kw) -> RpcTensor:
+    return RpcTensor(id=tid, type=ggml.TYPE_F32, buffer=r.handle, ne=(n, 1, 1, 1),
+                     nb=(4, 4 * n, 4 * n, 4 * n), data=r.base + at, **kw)
+
+
+def baselines(d: Dialect, regions) -> dict[Cmd, tuple[object, dict[str, tuple[str, int]]]]:
+    """Per tensor command of ``d``: a valid request over the two buffers, and its tensor roles
+    (role -> (message slot, index))."""
+    r0, r1 = regions
+    t0 = _t(1, r0)
+    n = _tensor_nbytes(t0)
+    null10 = (RpcTensor(),) * 10
+    add = ggml.OP["ADD"]
+    out: dict[Cmd, tuple[object, dict]] = {
+        Cmd.SET_TENSOR: (m.SetTensorRequest(t0, 0, 0, bytes(n)), {"tensor": ("tensor", 0)}),
+        Cmd.SET_TENSOR_HASH: (m.SetTensorHashRequest(t0, 0, 0x1234_5678_9ABC_DEF0),
+                              {"tensor": ("tensor", 0)}),
+        Cmd.GET_TENSOR: (m.GetTensorRequest(t0, 0, n), {"tensor": ("tensor", 0)}),
+        Cmd.MEMSET_TENSOR: (m.MemsetTensorRequest(t0, 0, n, 7), {"tensor": ("tensor", 0)}),
+        Cmd.SET_TENSOR_2D: (m.SetTensor2DRequest(t0, 0, 64, 4, 64, bytes(256)),
+                            {"tensor": ("tensor", 0)}),
+        Cmd.GET_TENSOR_2D: (m.GetTensor2DRequest(t0, 0, 64, 4, 64), {"tensor": ("tensor", 0)}),
+        Cmd.INIT_TENSOR: (m.InitTensorRequest(t0), {"tensor": ("tensor", 0)}),
+        Cmd.COPY_TENSOR: (m.CopyTensorRequest(t0, _t(2, r1)), {"src": ("src", 0),
+                                                              "dst": ("dst", 0)}),
+        Cmd.GET_ALLOC_SIZE: (m.GetAllocSizeRequest(0, t0, (_t(2, r1),) + null10[1:]),
+                             {"tensor": ("tensor", 0), "srcs[0]": ("srcs[]", 0)}),
+        Cmd.GET_DEVICE_SUPPORTS_OP: (
+            m.SupportsOpRequest(0, _t(3, r1, op=add, src=(1, 2) + (0,) * 8),
+                                (t0, _t(2, r0, 1024)) + null10[2:]),
+            {"op": ("op", 0), "srcs[0]": ("srcs[]", 0)}),
+        Cmd.COMM_ALLREDUCE: (m.CommAllreduceRequest(0, t0), {"tensor": ("tensor", 0)}),
+    }
+    # a, b in buffer 0; v a view of a; the node out = v + b in buffer 1
+    a, b = _t(1, r0, 0), _t(2, r0, 256)
+    v = _t(4, r0, 0, view_src=1, view_offs=0)
+    node = _t(3, r1, 0, op=add, src=(4, 2) + (0,) * 8)
+    out[Cmd.GRAPH_COMPUTE] = (graph_request(d, (3,), (a, b, v, node)),
+                              {"node": ("tensors[]", 3), "source": ("tensors[]", 1),
+                               "view": ("tensors[]", 2), "view source": ("tensors[]", 0)})
+    return {c: v for c, v in out.items() if d.has(c)}
+
+
+def _own(regions, t: RpcTensor) -> int:
+    return next((i for i, r in enumerate(regions) if r.base <= t.data < r.end), 0)
+
+
+def _desc(d: Dialect, kind: str, what: str, cmd: Cmd, field: str, case: str, **extra) -> dict:
+    desc = {"kind": kind, "what": what, "cmd": cmd.value, "cmd_id": d.id_of(cmd), "field": field,
+            "dialect": d.name, "direction": "request", "at": "after_setup", "case": case}
+    desc.update({k: v for k, v in extra.items() if v is not None})
+    return desc
+
+
+def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
+    d = get_dialect(dialect)
+    head, regions = _setup(d)
+    for cmd, (msg, roles) in baselines(d, regions).items():
+        for role, (slot, index) in roles.items():
+            t = _get_tensor(msg, slot, index)
+            index_extra = {"index": index} if slot.endswith("[]") else {}
+            for case, handle, data in placement_cases(regions, _own(regions, t),
+                                                      _tensor_nbytes(t)):
+                req = _replace_tensor(msg, slot, index, replace(t, buffer=handle, data=data))
+                desc = _desc(d, "field", "placement", cmd, f"{slot}.data", f"{role}: {case}",
+                             value=data, **index_extra)
+                yield SweepCase("boundary", f"placement:{cmd.value} {role} {case}",
+                                _session(d, head, _frame(d, req), cmd.value, desc))
+            for case, ne, nb, type_ in shape_cases(t):
+                req = _replace_tensor(msg, slot, index, replace(t, ne=ne, nb=nb, type=type_))
+                desc = _desc(d, "field", "shape_class", cmd, f"{slot}.ne", f"{role}: {case}",
+                             **index_extra)
+                yield SweepCase("boundary", f"shape_class:{cmd.value} {role} {case}",
+                                _session(d, head, _frame(d, req), cmd.value, desc))
+        if cmd in RANGED:
+            n = _tensor_nbytes(msg.tensor)
+            for case, offset, size in range_cases(n, SETUP[0]):
+                field = "size" if case.startswith("size") and hasattr(msg, "size") else "offset"
+                desc = _desc(d, "field", "range_class", cmd, field, case,
+                             value=size if field == "size" else offset)
+                yield SweepCase("boundary", f"range_class:{cmd.value} {case}",
+                                _session(d, head, _frame(d, with_range(msg, cmd, offset, size)),
+                                         cmd.value, desc))
+        if cmd is Cmd.GRAPH_COMPUTE:
+            for case, nodes, tensors in graph_cases(regions):
+                desc = _desc(d, "field", "graph_class", cmd, "tensors", case)
+                yield SweepCase("boundary", f"graph_class:GRAPH_COMPUTE {case}",
+                                _session(d, head, _frame(d, graph_request(d, nodes, tensors, msg)),
+                                         cmd.value, desc))
+        if cmd is Cmd.SET_TENSOR and d.cache_flag:
+            for flag in CACHE_FLAGS:
+                desc = _desc(d, "flag", "cache_flag", cmd, "cache_flag", f"cache_flag={flag}",
+                             value=flag)
+                yield SweepCase("boundary", f"cache_flag:SET_TENSOR {flag}",
+                                _session(d, head, _frame(d, replace(msg, cache_flag=flag)),
+                                         cmd.value, desc))
+
+
+def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
+          shard: tuple[int, int] = (1, 1)) -> Iterator[SweepCase]:
+    """The whole sweep, the catalogue walk first (it is what the coverage table counts);
+    ``shard`` (i, n): every n-th case from the i-th, for one of n workers."""
+    i, n = shard
+    k = 0
+    for part in (catalogue_walk(dialect, draws=draws, local_only=local_only),
+                 boundary_sweep(dialect)):
+        for c in part:
+            if k % n == i - 1:
+                yield c
+            k += 1
+
+
+def size(dialect: str, *, draws: int = DRAWS, shard: tuple[int, int] = (1, 1)) -> int:
+    """How many cases ``sweep`` gives (an upper bound for the walk: a draw may repeat), counted
+    without building a frame."""
+    d = get_dialect(dialect)
+    _, regions = _setup(d)
+    total = len(_walk_pairs(d)) * draws
+    for cmd, (msg, roles) in baselines(d, regions).items():
+        for slot, index in roles.values():
+            t = _get_tensor(msg, slot, index)
+            total += len(placement_cases(regions, _own(regions, t), _tensor_nbytes(t)))
+            total += len(shape_cases(t))
+        if cmd in RANGED:
+            total += len(range_cases(_tensor_nbytes(msg.tensor), SETUP[0]))
+        if cmd is Cmd.GRAPH_COMPUTE:
+            total += len(graph_cases(regions))
+        if cmd is Cmd.SET_TENSOR and d.cache_flag:
+            total += len(CACHE_FLAGS)
+    i, n = shard
+    return len(range(i - 1, total, n))
