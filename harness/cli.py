@@ -648,7 +648,10 @@ def fuzz(
         None, "--differential", help="A B: run the same sessions against two server targets "
         "and report every divergence (instead of --target)."),
     allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list file (YAML) of "
-                                         "intended differences for --differential."),
+                                         "intended differences for --differential (default: "
+                                         "the one shipped for the dialect)."),
+    no_allow: bool = typer.Option(False, "--no-allow", help="--differential: only the built-in "
+                                  "allow entries, not the shipped list."),
     min_messages: int = typer.Option(100, "--min-messages", help="Exit 2 if fewer messages "
                                      "were exchanged (or a worker's target never listened): "
                                      "a campaign that tested nothing is not a pass."),
@@ -690,7 +693,7 @@ def fuzz(
                                   max_steps=max_steps, keep_work=keep_work,
                                   fail_on_findings=fail_on_findings,
                                   min_messages=min_messages, shard=shard,
-                                  differential=differential, allow=allow,
+                                  differential=differential, allow=allow, no_allow=no_allow,
                                   engine=engine, oracles=oracles, transport=transport))
 
 
@@ -704,7 +707,9 @@ def replay(
     differential: Optional[tuple[str, str]] = typer.Option(
         None, "--differential", help="A B: replay a divergence against both (instead of "
         "--target)."),
-    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list for --differential."),
+    allow: Optional[Path] = typer.Option(None, "--allow", help="Allow-list for --differential "
+                                         "(default: the one shipped for the dialect)."),
+    no_allow: bool = typer.Option(False, "--no-allow", help="Only the built-in entries."),
     transport: Optional[str] = typer.Option(None, "--transport", help="rdma-soft: replay an RDMA "
                                             "finding over the soft verbs device (the default "
                                             "for an RDMA repro.json)."),
@@ -714,6 +719,7 @@ def replay(
 
     raise typer.Exit(replay_command(console, file, target=target, dialect=dialect,
                                     deadline=deadline, differential=differential, allow=allow,
+                                    no_allow=no_allow,
                                     transport=transport))
 
 

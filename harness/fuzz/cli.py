@@ -20,7 +20,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  max_steps: int, keep_work: bool, fail_on_findings: bool = False,
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
-                 engine: str = "live", oracles: dict | None = None,
+                 no_allow: bool = False, engine: str = "live", oracles: dict | None = None,
                  transport: str = "tcp") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
@@ -57,6 +57,11 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
         runner = run_rdma_campaign
     elif differential is not None:
         from .differential import DifferentialConfig, run_differential
+        try:
+            allow = default_allow(console, differential, dialect, allow, no_allow)
+        except TargetError as e:
+            console.print(f"[red]{e}", highlight=False)
+            return 2
         cfg = DifferentialConfig(a=differential[0], b=differential[1], dialect=dialect,
                                  duration=seconds, seed=seed, out=out, deadline=deadline,
                                  rss_limit=rss_limit, as_limit=as_limit,
@@ -105,7 +110,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
 
 def replay_command(console: Console, file: Path, *, target: str | None, dialect: str | None,
                    deadline: float, differential: tuple[str, str] | None = None,
-                   allow: Path | None = None, transport: str | None = None) -> int:
+                   allow: Path | None = None, transport: str | None = None,
+                   no_allow: bool = False) -> int:
     if (target is None) == (differential is None):
         console.print("[red]give either --target or --differential A B")
         return 2
@@ -116,6 +122,11 @@ def replay_command(console: Console, file: Path, *, target: str | None, dialect:
         console.print(f"[red]unknown transport {transport!r}: {' or '.join(TRANSPORTS)}")
         return 2
     if differential is not None:
+        try:
+            allow = default_allow(console, differential, dialect, allow, no_allow)
+        except TargetError as e:
+            console.print(f"[red]{e}", highlight=False)
+            return 2
         return _replay_differential(console, file, differential, dialect=dialect,
                                     deadline=deadline, allow=allow)
     try:
@@ -149,6 +160,22 @@ def merge_command(console: Console, out: Path, folders: list[Path]) -> int:
         console.print(f"[red]shards missing: {report['shards_missing']}", highlight=False)
     console.print(f"report: {out}/report.md", highlight=False, soft_wrap=True)
     return 1 if report["shards_missing"] else 0
+
+
+def default_allow(console: Console, pair: tuple[str, str], dialect: str | None,
+                  allow: Path | None, no_allow: bool) -> Path | None:
+    """The allow-list a differential uses: ``allow``, else the one shipped for the pair's
+    dialect (fixtures/differential), unless ``no_allow`` (the built-in entries only)."""
+    from .differential import shipped_allow_list
+    from .target import TargetSpec
+    if allow is not None or no_allow:
+        return allow
+    found = {TargetSpec.parse(t, dialect).dialect for t in pair} - {None}
+    shipped = shipped_allow_list(dialect or min(found)) if (dialect or found) else None
+    if shipped is not None:
+        console.print(f"allow-list: {shipped} (shipped for the dialect; --no-allow for the "
+                      "built-in entries only)", highlight=False)
+    return shipped
 
 
 def _replay_differential(console: Console, file: Path, pair: tuple[str, str], *,

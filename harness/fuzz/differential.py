@@ -48,15 +48,16 @@ from hypothesis import strategies as st
 
 from ..capture.pcap import write_pcap
 from ..impls.pins import PROJECT_ROOT
-from .campaign import Progress, _is_hypothesis_error
+from .campaign import SWEEP_SHARE, Progress, _is_hypothesis_error
 from .case import BASE, HANDLE, Case, Step
 from .evolve import Corpus, behaviour, mutate
 from .execute import Outcome
 from .generate import cases
 from .replay import load
-from .report import DEFAULT_MIN_MESSAGES, campaign_problems
+from .report import DEFAULT_MIN_MESSAGES, _sweep_row, campaign_problems
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
+from .sweep import size as sweep_size, sweep as sweep_cases
 from .written import unwritten_ranges
 from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
                      normalise, slug)
@@ -321,6 +322,9 @@ class DifferentialConfig:
     evolve_share: float = 0.8
     round_examples: int = 100
     keep_work: bool = False
+    # the deterministic sweep first, for at most this share of the duration (its sessions
+    # count towards max_cases); 0 leaves it out
+    sweep_share: float = SWEEP_SHARE
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -371,7 +375,8 @@ def run_differential(cfg: DifferentialConfig, *,
     allow = load_allow(cfg.allow)
     pair = _Pair(cfg, out / "work")
     stats = {"cases": 0, "frames": 0, "generated": 0, "evolved": 0, "divergences_seen": 0,
-             "allowed": 0, "both_broke": 0, "restarts": 0}
+             "allowed": 0, "both_broke": 0, "restarts": 0, "sweep_total": 0, "sweep_done": 0}
+    sweep_seconds = 0.0
     findings: list[dict] = []
     seen: set[str] = set()
     hits = [0] * len(allow)  # sessions each allow-list entry let pass
@@ -422,6 +427,18 @@ def run_differential(cfg: DifferentialConfig, *,
             progress.handle({"type": "finding", "finding": findings[-1]})
             emit()
 
+        if cfg.sweep_share > 0:
+            stats["sweep_total"] = sweep_size(dialect)
+            if on_progress is not None:
+                on_progress(progress)
+            stop, s0 = t0 + cfg.sweep_share * cfg.duration, time.time()
+            for item in sweep_cases(dialect, local_only=not all(s.is_reference for s in specs)):
+                if not more() or time.time() >= stop:
+                    break
+                one(item.case)
+                stats["sweep_done"] += 1
+            sweep_seconds = time.time() - s0
+            emit()
         round_no = 0
         while more():
             @settings(database=None, max_examples=cfg.round_examples, deadline=None,
@@ -469,6 +486,9 @@ def run_differential(cfg: DifferentialConfig, *,
         "allow": [{**e, "sessions": n} for e, n in zip(allow, hits)],
         "findings": findings, "distinct_signatures": len(findings),
         "nothing_found": not findings and not errors, "errors": errors,
+        "sweep": {"cases": stats["sweep_total"], "done": stats["sweep_done"],
+                  "complete": stats["sweep_done"] >= stats["sweep_total"],
+                  "seconds": round(sweep_seconds, 1), "share": cfg.sweep_share},
         "workers_never_listened": [i for i, n in enumerate(started) if not n],
         "config": cfg.to_json(),
     }
@@ -586,8 +606,9 @@ def render_markdown(r: dict) -> str:
               + f" in {r['cases']:,} sessions ({r['messages_sent']:,} messages to both sides) "
               f"over {r['elapsed_s']:.0f} s; seed {r['seed']}.", "",
               "| | |", "|---|---|",
-              f"| sessions | {r['cases']:,}: {s['generated']:,} generated, {s['evolved']:,} "
-              "evolved |",
+              f"| sessions | {r['cases']:,}: {s.get('sweep_done', 0):,} of the sweep, "
+              f"{s['generated']:,} generated, {s['evolved']:,} evolved |",
+              _sweep_row(r.get("sweep")),
               f"| divergent sessions (all / allow-listed) | {s['divergences_seen']:,} / "
               f"{s['allowed']:,} |",
               f"| sessions where both broke the same way | {s['both_broke']:,} |",

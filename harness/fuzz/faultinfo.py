@@ -32,8 +32,10 @@ LINE_PREFIX = "harness-fault:"
 SOURCE = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -99,6 +101,55 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
        instruction and the process dies of the same signal. */
 }
 
+/* Every thread gets an alternate signal stack of its own: a server that serves each client
+   on a thread (8.0.0) overflows that thread's stack, and without one the handler cannot run
+   there, so the process died without a line. Freed when the thread ends. */
+#define ALT_SIZE (1 << 16)
+struct trampoline { void *(*fn)(void *); void *arg; };
+static pthread_key_t alt_key;
+static pthread_once_t alt_once = PTHREAD_ONCE_INIT;
+
+static void alt_free(void *stack) {
+    stack_t off;
+    memset(&off, 0, sizeof off);
+    off.ss_flags = SS_DISABLE;
+    sigaltstack(&off, 0);
+    free(stack);
+}
+
+static void alt_key_make(void) { pthread_key_create(&alt_key, alt_free); }
+
+static void *with_alt_stack(void *p) {
+    struct trampoline t = *(struct trampoline *)p;
+    free(p);
+    void *stack = malloc(ALT_SIZE);
+    if (stack) {
+        stack_t ss;
+        memset(&ss, 0, sizeof ss);
+        ss.ss_sp = stack;
+        ss.ss_size = ALT_SIZE;
+        if (sigaltstack(&ss, 0) == 0) {
+            pthread_once(&alt_once, alt_key_make);
+            pthread_setspecific(alt_key, stack);
+        } else {
+            free(stack);
+        }
+    }
+    return t.fn(t.arg);
+}
+
+int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *), void *arg) {
+    static int (*real)(pthread_t *, const pthread_attr_t *, void *(*)(void *), void *);
+    if (!real) real = dlsym(RTLD_NEXT, "pthread_create");
+    struct trampoline *t = malloc(sizeof *t);
+    if (!t) return real(th, attr, fn, arg);
+    t->fn = fn;
+    t->arg = arg;
+    int rc = real(th, attr, with_alt_stack, t);
+    if (rc != 0) free(t);
+    return rc;
+}
+
 __attribute__((constructor)) static void harness_faultinfo_install(void) {
     stack_t ss;
     memset(&ss, 0, sizeof ss);
@@ -138,7 +189,8 @@ def shim_path() -> Path | None:
             out = Path(tmp) / "faultinfo.so"
             try:
                 subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(src),
-                                "-ldl"], check=True, capture_output=True, timeout=120)
+                                "-ldl", "-lpthread"], check=True, capture_output=True,
+                               timeout=120)
             except (OSError, subprocess.SubprocessError):
                 _built[key] = None
                 return None

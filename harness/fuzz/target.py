@@ -485,7 +485,10 @@ class Target:
         loopback = _loopback_shim()
         if spec.kind == "peer":
             peer = get_peer(spec.peer or spec.name)
-            if peer.kind == "wheel" or not self.fault_shim:  # a Python process: no fault shim
+            # the wheel's server is a Python process loading the real libraries: the shim
+            # names its faults as it does a C server's (its handler is process-wide and every
+            # thread gets an alternate stack, so 8.0.0's per-client threads are covered)
+            if not self.fault_shim:
                 return start_peer_server(peer, workdir=workdir, host=self.host,
                                          cache_dir=cache_dir, ready_timeout=self.ready_timeout,
                                          env={"LD_PRELOAD": str(loopback)})
