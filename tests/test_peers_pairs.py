@@ -20,8 +20,13 @@ from peer_sessions import BASIC_SESSION, FILL_X, FILL_Y
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILT = [p for p in list_peers() if p.available and p.kind in ("pin", "wheel")]
-# one build per release: variants (patched, sanitizer, RDMA) speak their release's protocol
-RELEASES = [p for p in BUILT if not (p.base or p.sanitize or p.rdma)]
+# one build per release: variants (patched, sanitizer, RDMA) speak their release's protocol,
+# and of registry builds (bisect leaves many in the cache) the first of each protocol
+RELEASES: list = []
+for _p in BUILT:
+    if not (_p.base or _p.sanitize or _p.rdma) and \
+            all((r.proto or r.verified_proto) != (_p.proto or _p.verified_proto) for r in RELEASES):
+        RELEASES.append(_p)
 
 pytestmark = pytest.mark.realpeer
 
