@@ -32,15 +32,16 @@ growth (a lazily loaded library) does not come back on the second run and is dro
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import psutil
 
-from ..proto import (Cmd, ConnectionClosed, EndOfMessage, NEED_DATA, Request, RequestHead,
+from ..proto import (Cmd, ConnectionClosed, Data, EndOfMessage, NEED_DATA, Request, RequestHead,
                      RequestReader, get_dialect)
 from ..proto.codec import pack_request
 from ..proto.messages import GetAlignmentRequest
@@ -85,12 +86,24 @@ class CaseCost:
 
     bytes: int = 0
     alloc: int = 0  # ALLOC_BUFFER sizes asked for
-    uploads: int = 0  # SET_TENSOR payloads the cache may file (cache_flag set)
+    # distinct SET_TENSOR payloads the cache may file (cache_flag set), and their bytes: the
+    # cache is content-addressed, so a hundred identical uploads justify one file (counting
+    # uploads let them hide files written for uploads that never asked)
+    uploads: int = 0
     upload_bytes: int = 0
+    payloads: dict = field(default_factory=dict)  # digest -> size of each counted payload
 
     def add(self, other: "CaseCost") -> None:
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        self.bytes += other.bytes
+        self.alloc += other.alloc
+        for digest, size in other.payloads.items():
+            self.upload(digest, size)
+
+    def upload(self, digest: bytes, size: int) -> None:
+        if digest not in self.payloads:
+            self.payloads[digest] = size
+            self.uploads += 1
+            self.upload_bytes += size
 
 
 def case_cost(case: Case, sent: int | None = None) -> CaseCost:
@@ -98,6 +111,7 @@ def case_cost(case: Case, sent: int | None = None) -> CaseCost:
     d = get_dialect(case.dialect)
     reader = _reader(case.dialect)
     cost = CaseCost()
+    flagged = None  # the hash of the flagged upload being read, and its announced size
     for s in case.steps[:sent]:
         cost.bytes += len(s.frame)
         reader.feed(s.frame)
@@ -109,10 +123,15 @@ def case_cost(case: Case, sent: int | None = None) -> CaseCost:
                 msg = getattr(ev, "message", None)
                 if isinstance(ev, Request) and msg.cmd is Cmd.ALLOC_BUFFER:
                     cost.alloc += msg.size
-                elif isinstance(ev, RequestHead) and msg.cmd is Cmd.SET_TENSOR and \
-                        (not d.cache_flag or msg.cache_flag):
-                    cost.uploads += 1
-                    cost.upload_bytes += ev.data_length
+                elif isinstance(ev, RequestHead):
+                    flagged = (hashlib.sha1(), ev.data_length) if msg.cmd is Cmd.SET_TENSOR \
+                        and (not d.cache_flag or msg.cache_flag) else None
+                elif isinstance(ev, Data) and flagged is not None:
+                    flagged[0].update(ev.data)
+                elif isinstance(ev, EndOfMessage) and flagged is not None:
+                    # only a whole payload can be filed (a cut one is dropped by the server)
+                    cost.upload(flagged[0].digest(), flagged[1])
+                    flagged = None
         except Exception:  # noqa: BLE001 - the server refuses here: nothing more counts
             break
     return cost
