@@ -133,6 +133,11 @@ DEATHS = [
     "terminate called after throwing an instance of 'std::length_error'",
     "SIGSEGV stack overflow",
     "binary-ops.cpp:59: GGML_ASSERT(nb00 == sizeof(src0_t)) failed",
+    "SIGSEGV null page in libggml-cpu.so.0 (ggml_graph_plan)",
+    "SIGSEGV null page in libggml-base.so page 0x1c000",
+    "SIGSEGV null page in libc.so.6 page 0x1a0000 from libggml-cpu.so.0 page 0x31000",
+    "SIGSEGV wild address in libggml-base.so (ggml_op_name)",
+    "SIGSEGV null page in libc.so.6 page 0x167000 from libggml-base.so page 0x16000",
     "ggml-cpu.c:2512: fatal error",
     'ggml-rpc.cpp:700: GGML_ASSERT(header.offset + size <= ggml_nbytes(tensor) && "tensor '
     'write out of bounds") failed',
@@ -142,6 +147,11 @@ NEAR_DEATHS = [
     "ggml-rpc.cpp:1500: GGML_ASSERT(buffer != nullptr) failed",
     "ggml-backend.cpp:345: GGML_ASSERT(tensor->buffer) failed",
     "AddressSanitizer: heap-buffer-overflow on address 0x?",
+    # a null page elsewhere than ggml's base / CPU code, or a libc fault without its caller
+    "SIGSEGV null page in libggml-rpc.so (ggml_backend_rpc_start_server)",
+    "SIGSEGV null page in libc.so.6 page 0x167000",
+    "SIGSEGV null page in libc.so.6 page 0x167000 from libggml-rpc.so page 0x3000",
+    "SIGSEGV wild address in libggml-base.so (ggml_nbytes)",
 ]
 
 
@@ -159,11 +169,19 @@ def _allows(entry: dict, runs, case) -> bool:
     return compare(case, runs, LABELS, [entry]) is None
 
 
-def _close_case(what: str, stale: str | None = None):
-    """A case whose close point is blamed on a mutation ``what`` (and a stale buffer)."""
-    mutated = step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT",
-                   desc={"kind": what.split(":")[0], "what": what.split(":")[1]})
+def _close_case(what: str, stale: str | None = None, case: str | None = None):
+    """A case whose close point is blamed on a mutation ``what`` (its sweep ``case``, and a
+    stale buffer)."""
+    desc = {"kind": what.split(":")[0], "what": what.split(":")[1]}
+    if case:
+        desc["case"] = case
+    mutated = step(pack_request(D7, m.GraphComputeRequest(0, 0, (), ())), "GRAPH_COMPUTE",
+                   desc=desc) if what == "field:graph_class" else \
+        step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT", desc=desc)
     steps = [mutated]
+    if stale == "near-handle":  # BUFFER_CLEAR of buffer 0's handle + 0x80
+        return _session(step(pack_request(D7, m.BufferClearRequest(sentinel(HANDLE, 0) + 0x80,
+                                                                   0)), "BUFFER_CLEAR"))
     if stale:
         free = step(pack_request(D7, m.FreeBufferRequest(sentinel(HANDLE, 0))), "FREE_BUFFER")
         ref = _get(0, 8) if stale == "stale-base" else step(
@@ -187,11 +205,26 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
                 assert not _allows(entry, _death_runs(case, line, real_side=1), case), line
             for line in NEAR_DEATHS:
                 assert not _allows(entry, _death_runs(case, line), case), (entry["match"], line)
+        elif entry["kind"] == "close" and "graph_class:" in entry["match"]:
+            bound = re.search(r"graph_class:(\w+)", entry["match"]).group(1)
+            real_ok = dict(statuses=(OK, CLOSED), proven=(4, 3))
+            answers = ([HELLO, bytes(16), bytes(8), bytes(8)], [HELLO, bytes(16), bytes(8)])
+            c = _close_case("field:graph_class", case=bound)
+            assert _allows(entry, _runs(c, *answers, **real_ok), c), entry["match"]
+            # near: another graph case; the reference computing what the real side refused
+            other = _close_case("field:graph_class", case="chain_2^16")
+            assert not _allows(entry, _runs(other, *answers, **real_ok), other)
+            assert not _allows(entry, _runs(c, *answers[::-1], statuses=(CLOSED, OK),
+                                            proven=(3, 4)), c)
         elif entry["kind"] == "close":
-            stale = next((t for t in ("stale-base", "stale-handle") if t in entry["match"]), None)
+            stale = next((t for t in ("stale-base", "stale-handle", "near-handle")
+                          if t in entry["match"]), None)
             c = _close_case("framing:len_huge", stale)
             if stale is None:  # both answered as much: same-step
                 runs = _runs(c, [HELLO], [HELLO], statuses=(OK, CLOSED))
+            elif stale == "near-handle":  # the real side cleared what it took for a buffer
+                runs = _runs(c, [HELLO, bytes(16), bytes(8), b""], [HELLO, bytes(16), bytes(8)],
+                             statuses=(OK, CLOSED), proven=(4, 3))
             else:  # the real side answered the stale step, the reference closed there
                 runs = _runs(c, [HELLO, bytes(16), bytes(8)], [HELLO, bytes(16), bytes(8)],
                              statuses=(OK, CLOSED), proven=(5, 4))
@@ -244,3 +277,14 @@ def test_an_overlapping_copy_leaves_its_destination_undefined():
     apart = step(pack_request(D7, m.CopyTensorRequest(_tensor(0, 8), _tensor(512, 8))),
                  "COPY_TENSOR")
     assert unwritten_ranges(_session(_set(0, bytes(64)), apart, _get(512, 32)))[5] == []
+
+
+def test_near_handle_is_a_handle_a_few_bytes_off_and_not_one_far_off():
+    from harness.fuzz.differential import NEAR_HANDLE, _close_causes
+
+    def clear(addend: int):
+        return _session(step(pack_request(D7, m.BufferClearRequest(
+            sentinel(HANDLE, 0) + addend, 0)), "BUFFER_CLEAR"))
+    assert "near-handle" in _close_causes(clear(0x80), 3, 3)
+    assert "near-handle" not in _close_causes(clear(0), 3, 3)  # the handle itself
+    assert "near-handle" not in _close_causes(clear(NEAR_HANDLE), 3, 3)

@@ -170,6 +170,10 @@ def test_death_line_prefers_the_assert_and_reads_python_tracebacks():
     assert death_line(["Accepted client connection",
                        "harness-fault: SIGSEGV null page in libc.so.6+0x16d870"]) \
         == "SIGSEGV null page in libc.so.6 page 0x16d000"
+    # ... and a fault inside libc keeps the caller the shim names (whose pointer it was)
+    assert death_line(["harness-fault: SIGSEGV null page in libc.so.6+0x167ad8 from "
+                       "libggml-base.so+0x1c2f1 (ggml_log_internal+0x71)"]) \
+        == "SIGSEGV null page in libc.so.6 page 0x167000 from libggml-base.so (ggml_log_internal)"
     add = ("harness-fault: SIGSEGV null page in libggml-cpu.so.0+0x79b78 "
            "(ggml_compute_forward_add_non_quantized+0x478)")
     assert death_line([add]) == \
@@ -396,3 +400,18 @@ def test_runner_reports_memory_above_the_bound_and_restarts(tmp_path):
         assert runner.restarts == 1 and target.server.pid != pid and target.exit_info() is None
     finally:
         target.stop()
+
+
+def test_a_libc_fault_saved_without_its_caller_is_the_one_now_named_with_it():
+    from harness.fuzz.replay import ReplayResult
+    from harness.fuzz.target import Signature
+    old = Signature("crash", "SIGSEGV", "SIGSEGV null page in libc.so.6 page 0x167000",
+                    "SET_TENSOR")
+    new = Signature("crash", "SIGSEGV", old.line + " from libggml-base.so page 0x16000",
+                    "SET_TENSOR")
+    assert ReplayResult(old, new, "", "p8", 3).matches(across_builds=False)
+    # not the other way (the saved caller is part of the bug), and not another page of libc
+    assert not ReplayResult(new, old, "", "p8", 3).matches(across_builds=False)
+    other = Signature("crash", "SIGSEGV", "SIGSEGV null page in libc.so.6 page 0x168000 from "
+                      "libggml-base.so page 0x16000", "SET_TENSOR")
+    assert not ReplayResult(old, other, "", "p8", 3).matches(across_builds=False)

@@ -177,19 +177,30 @@ def _masked(cmd: str, payload: bytes, allow: list[dict],
         if e["kind"] != "answer" or e["cmd"] != cmd or "match" in e:
             continue
         b = e.get("bytes")
-        spans = (unwritten or []) if b == UNWRITTEN else [tuple(b) if b else (0, len(buf))]
+        if b == UNWRITTEN:  # a read the tracker could not place: all of it may be unwritten
+            spans = unwritten if unwritten is not None else [(0, len(buf))]
+        else:
+            spans = [tuple(b) if b else (0, len(buf))]
         for start, end in spans:
             buf[start:min(end, len(buf))] = bytes(max(0, min(end, len(buf)) - start))
     return bytes(buf)
 
 
+# A handle plus less than this names, in the real server, possibly another live buffer: its
+# handles are malloc'd structs a few hundred bytes apart (the reference's are 1 MiB apart).
+NEAR_HANDLE = 1 << 12
+
+
 def _close_causes(case: Case, lo: int, hi: int) -> str:
     """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
     mutated step from the last step both sides answered to the first one neither did
-    (``framing:len_large field:ne_extreme``; ``valid`` if none), plus ``stale-base`` /
+    (``framing:len_large field:ne_extreme``, and ``kind:what:case`` for a sweep case:
+    ``field:graph_class:tensors_past_bound``; ``valid`` if none), plus ``stale-base`` /
     ``stale-handle`` when a step where the first side to stop may have stopped (from ``lo``
     to the next step with an answer) names a buffer freed before it, and not allocated again
-    since, by a data pointer / by its handle. What malloc does with freed memory is the
+    since, by a data pointer / by its handle, and ``near-handle`` when such a step names a
+    handle plus a few bytes (another live buffer's handle on the real server, when malloc
+    placed the two handle structs that far apart). What malloc does with freed memory is the
     allocator's choice: the real server sometimes places a later buffer over the freed
     range, and gives the freed handle struct to the next ALLOC_BUFFER only when no request
     in between took that chunk (the same steps after other sessions on the same process go
@@ -201,16 +212,30 @@ def _close_causes(case: Case, lo: int, hi: int) -> str:
     for at, s in enumerate(case.steps[:min(max(hi, stop) + 1, len(case.steps))]):
         if lo <= at <= hi and s.desc:
             tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
+            if s.desc.get("case"):  # a sweep case, so an entry can name one boundary
+                tags.add(f"{s.desc['kind']}:{s.desc['what']}:"
+                         + re.sub(r"\s+", "_", str(s.desc["case"])))
         if lo <= at <= stop:
             if any(r.kind == BASE and r.index in freed for r in s.relocs):
                 tags.add("stale-base")
             if any(r.kind == HANDLE and r.addend == 0 and r.index in freed for r in s.relocs):
                 tags.add("stale-handle")
+            if any(r.kind == HANDLE and 0 < abs(r.addend) < NEAR_HANDLE for r in s.relocs):
+                tags.add("near-handle")
         if s.cmd == "FREE_BUFFER":
             freed |= {r.index for r in s.relocs if r.kind == HANDLE and r.addend == 0}
         elif s.learn is not None and s.learn[0] == HANDLE:
             freed.discard(s.learn[1])
     return " ".join(sorted(tags)) or "valid"
+
+
+def _further(proven_a: int, proven_b: int) -> str:
+    """Which side answered more steps before its connection ended, for allow-list matching:
+    ``same-step``, ``a-further`` (the first target of ``--differential A B``) or
+    ``b-further``."""
+    if proven_a == proven_b:
+        return "same-step"
+    return "a-further" if proven_a > proven_b else "b-further"
 
 
 def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
@@ -269,8 +294,8 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
         if not allowed_by(_allowing(allow, "close", cmd,
-                                    f"{line} <- {_close_causes(case, lo, hi)}"
-                                    + (" same-step" if oa.proven == ob.proven else ""))):
+                                    f"{line} <- {_close_causes(case, lo, hi)} "
+                                    + _further(oa.proven, ob.proven))):
             return Divergence(
                 Signature("divergence", "", line, cmd),
                 f"{labels[0]}: {oa.status} after {oa.proven} answered steps ({oa.detail}); "
@@ -437,6 +462,8 @@ def run_differential(cfg: DifferentialConfig, *,
                     break
                 one(item.case)
                 stats["sweep_done"] += 1
+            else:  # exhausted: the count was an upper bound
+                stats["sweep_total"] = stats["sweep_done"]
             sweep_seconds = time.time() - s0
             emit()
         round_no = 0

@@ -8,7 +8,9 @@ handler (on an alternate stack, so stack overflows are caught too) that writes o
 
 -- the signal, a coarse class (null page / stack overflow: fault address within 64 KiB of the
 stack pointer / wild address / arithmetic), the module and offset of the faulting
-instruction and the nearest exported symbol -- then restores the default action and returns, so the instruction faults
+instruction and the nearest exported symbol, and for a fault inside the C runtime (a
+``strlen`` of a bad pointer) the first caller outside it (`` from libggml-base.so+0x.. (f+0x..)``)
+-- then restores the default action and returns, so the instruction faults
 again and the process still dies of the same signal (exit status unchanged).
 
 Built once with the system C compiler into the harness cache; without a compiler the
@@ -32,6 +34,7 @@ LINE_PREFIX = "harness-fault:"
 SOURCE = r"""
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <execinfo.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdint.h>
@@ -58,6 +61,28 @@ static size_t put_hex(char *out, size_t n, uintptr_t v) {
     return n;
 }
 
+static size_t put_site(char *out, size_t n, uintptr_t ip, const Dl_info *info) {
+    const char *base = strrchr(info->dli_fname, '/');
+    n = put(out, n, base ? base + 1 : info->dli_fname);
+    n = put(out, n, "+");
+    n = put_hex(out, n, ip - (uintptr_t)info->dli_fbase);
+    if (info->dli_sname) {  /* the nearest exported symbol, when there is one */
+        n = put(out, n, " (");
+        n = put(out, n, info->dli_sname);
+        n = put(out, n, "+");
+        n = put_hex(out, n, ip - (uintptr_t)info->dli_saddr);
+        n = put(out, n, ")");
+    }
+    return n;
+}
+
+static int is_runtime(const char *path) {
+    const char *base = strrchr(path, '/');
+    base = base ? base + 1 : path;
+    return !strncmp(base, "libc.so", 7) || !strncmp(base, "libc-", 5)
+        || !strncmp(base, "libstdc++", 9) || !strncmp(base, "libm.so", 7);
+}
+
 static void on_fault(int sig, siginfo_t *si, void *ctx) {
     ucontext_t *uc = (ucontext_t *)ctx;
     uintptr_t addr = (uintptr_t)si->si_addr, sp = 0, ip = 0;
@@ -82,17 +107,23 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     n = put(buf, n, kind);
     Dl_info info;
     if (ip && dladdr((void *)ip, &info) && info.dli_fname) {
-        const char *base = strrchr(info.dli_fname, '/');
         n = put(buf, n, " in ");
-        n = put(buf, n, base ? base + 1 : info.dli_fname);
-        n = put(buf, n, "+");
-        n = put_hex(buf, n, ip - (uintptr_t)info.dli_fbase);
-        if (info.dli_sname) {  /* the nearest exported symbol, when there is one */
-            n = put(buf, n, " (");
-            n = put(buf, n, info.dli_sname);
-            n = put(buf, n, "+");
-            n = put_hex(buf, n, ip - (uintptr_t)info.dli_saddr);
-            n = put(buf, n, ")");
+        n = put_site(buf, n, ip, &info);
+        if (is_runtime(info.dli_fname)) {
+            /* a fault inside libc (strlen of a bad pointer) says nothing of whose pointer it
+               was: name the first caller outside the runtime and this shim too */
+            void *frames[32];
+            int k = backtrace(frames, 32);
+            Dl_info self, caller;
+            dladdr((void *)on_fault, &self);
+            for (int i = 0; i < k; i++) {
+                uintptr_t pc = (uintptr_t)frames[i];
+                if (!dladdr((void *)pc, &caller) || !caller.dli_fname) continue;
+                if (caller.dli_fbase == self.dli_fbase || is_runtime(caller.dli_fname)) continue;
+                n = put(buf, n, " from ");
+                n = put_site(buf, n, pc, &caller);
+                break;
+            }
         }
     }
     buf[n++] = '\n';
@@ -151,6 +182,8 @@ int pthread_create(pthread_t *th, const pthread_attr_t *attr, void *(*fn)(void *
 }
 
 __attribute__((constructor)) static void harness_faultinfo_install(void) {
+    void *warm[2];
+    backtrace(warm, 2);  /* loads the unwinder now: the handler must not dlopen */
     stack_t ss;
     memset(&ss, 0, sizeof ss);
     ss.ss_sp = alt_stack;

@@ -63,6 +63,8 @@ class ReplayResult:
         if o.signal == e.signal and (same_abort_site(o.line, e.line) or (
                 across_builds and same_abort_moved(o.line, e.line))):
             return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
+        if o.signal == e.signal and o.line.startswith(e.line + " from "):
+            return True  # saved by a shim that did not yet name the caller of a libc fault
         if sanitizer.same_report(o.line, e.line):
             # One sanitizer error seen by two builds: how it ends the process is a runtime
             # option (exit 1 in process, SIGABRT from a server with abort_on_error).

@@ -160,8 +160,10 @@ def death_line(log_lines: list[str], *, raw: bool = False) -> str:
     return ""
 
 
-_FAULT = re.compile(r"^(?P<head>.* in )(?P<mod>\S+)\+0x(?P<off>[0-9a-f]+)"
-                    r"(?: \((?P<sym>[^+)]+)\+0x[0-9a-f]+\))?$")
+_SITE_AT = (r"(?P<{0}mod>\S+)\+0x(?P<{0}off>[0-9a-f]+)"
+            r"(?: \((?P<{0}sym>[^+)]+)\+0x[0-9a-f]+\))?")
+_FAULT = re.compile(r"^(?P<head>.* in )" + _SITE_AT.format("") +
+                    r"(?: from " + _SITE_AT.format("from_") + ")?$")
 _ABORT_AT = re.compile(r"^(\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm):\d+: )(.*)$")
 
 
@@ -177,9 +179,15 @@ def _fault_site(text: str) -> str:
         # Where the stack ran out depends on its random start (ASLR), not on the bug: the
         # class alone is the signature.
         return text.split(" in ", 1)[0]
-    if m.group("sym"):
-        return f"{m.group('head')}{m.group('mod')} ({m.group('sym')})"
-    return f"{m.group('head')}{m.group('mod')} page 0x{int(m.group('off'), 16) & ~0xFFF:x}"
+    site = m.group("head") + _site(m, "")
+    return site + (f" from {_site(m, 'from_')}" if m.group("from_mod") else "")
+
+
+def _site(m: re.Match, prefix: str) -> str:
+    mod, sym = m.group(f"{prefix}mod"), m.group(f"{prefix}sym")
+    if sym:
+        return f"{mod} ({sym})"
+    return f"{mod} page 0x{int(m.group(f'{prefix}off'), 16) & ~0xFFF:x}"
 
 
 def _abort_site(text: str) -> str:

@@ -16,6 +16,8 @@ A data pointer that is no sentinel base (a mutated field) says nothing about whe
 
 from __future__ import annotations
 
+from bisect import bisect_left, bisect_right
+
 from ..proto import Cmd, get_dialect
 from ..proto import ggml
 from ..proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
@@ -36,39 +38,45 @@ def _place(value: int, kind: str = BASE) -> tuple[int, int] | None:
 
 
 class _Ranges:
-    """Sorted, merged half-open ranges."""
+    """Sorted, merged half-open ranges, found by bisection: a SET_TENSOR_2D of 65,536 copies
+    is 65,536 ranges, which a linear merge per range made minutes of work."""
 
     def __init__(self):
-        self.spans: list[tuple[int, int]] = []
+        self.starts: list[int] = []
+        self.ends: list[int] = []
+
+    @property
+    def spans(self) -> list[tuple[int, int]]:
+        return list(zip(self.starts, self.ends))
 
     def add(self, a: int, b: int) -> None:
         if b <= a:
             return
-        keep = []
-        for s, e in self.spans:
-            if e < a or s > b:
-                keep.append((s, e))
-            else:
-                a, b = min(a, s), max(b, e)
-        keep.append((a, b))
-        self.spans = sorted(keep)
+        i = bisect_left(self.ends, a)  # the first range ending at or after a (touching merges)
+        j = bisect_right(self.starts, b)  # past the last range starting at or before b
+        if i < j:
+            a, b = min(a, self.starts[i]), max(b, self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = [a], [b]
 
     def remove(self, a: int, b: int) -> None:
         if b <= a:
             return
-        keep = []
-        for s, e in self.spans:
-            if e <= a or s >= b:
-                keep.append((s, e))
-                continue
-            if s < a:
-                keep.append((s, a))
-            if e > b:
-                keep.append((b, e))
-        self.spans = sorted(keep)
+        i = bisect_right(self.ends, a)  # the first range ending after a
+        j = bisect_left(self.starts, b)  # past the last range starting before b
+        if i >= j:
+            return
+        starts, ends = [], []
+        if self.starts[i] < a:
+            starts.append(self.starts[i])
+            ends.append(a)
+        if self.ends[j - 1] > b:
+            starts.append(b)
+            ends.append(self.ends[j - 1])
+        self.starts[i:j], self.ends[i:j] = starts, ends
 
     def covered(self, a: int, b: int) -> list[tuple[int, int]]:
-        return [(max(a, s), min(b, e)) for s, e in self.spans if s < b and e > a]
+        i, j = bisect_right(self.ends, a), bisect_left(self.starts, b)
+        return [(max(a, self.starts[k]), min(b, self.ends[k])) for k in range(i, j)]
 
     def missing(self, a: int, b: int) -> list[tuple[int, int]]:
         out, pos = [], a
@@ -82,7 +90,8 @@ class _Ranges:
 
 
 def _size(t: RpcTensor) -> int | None:
-    if not 0 <= t.type < len(ggml.TYPES):
+    """nbytes of a tensor, or None for a type without a size (outside the enum, removed)."""
+    if not 0 <= t.type < len(ggml.TYPES) or ggml.TYPES[t.type].blck_size <= 0:
         return None
     return nbytes(t)
 
@@ -105,46 +114,54 @@ def unwritten_ranges(case: Case) -> dict[int, list[tuple[int, int]]]:
         msg = _decode(dialect, step)
         if msg is None:
             continue
-        cmd = step.cmd
-        if cmd in ("SET_TENSOR", "MEMSET_TENSOR"):
-            size = len(msg.data) if cmd == "SET_TENSOR" else msg.size
-            where = _place(msg.tensor.data + msg.offset)
-            if where:
-                buf(where[0]).add(where[1], where[1] + size)
-        elif cmd == "SET_TENSOR_2D":
-            where = _place(msg.tensor.data + msg.offset)
-            if where:
-                for k in range(min(msg.n_copies, 1 << 16)):
-                    buf(where[0]).add(where[1] + k * msg.stride,
-                                      where[1] + k * msg.stride + msg.size)
-        elif cmd == "BUFFER_CLEAR":
-            where = _place(msg.remote_ptr, HANDLE)
-            if where:
-                buf(where[0]).add(0, _UNBOUNDED)
-        elif cmd == "COPY_TENSOR":
-            src, dst = _place(msg.src.data), _place(msg.dst.data)
-            n = _size(msg.src)
-            if src and dst and n is not None:
-                if src[0] == dst[0] and src[1] < dst[1] + n and dst[1] < src[1] + n:
-                    # overlapping: the real server's memcpy leaves the destination undefined
-                    buf(dst[0]).remove(dst[1], dst[1] + n)
-                    continue
-                moved = [(s - src[1], e - src[1]) for s, e in
-                         buf(src[0]).covered(src[1], src[1] + n)]
-                buf(dst[0]).remove(dst[1], dst[1] + n)
-                for s, e in moved:
-                    buf(dst[0]).add(dst[1] + s, dst[1] + e)
-        elif cmd in ("GRAPH_COMPUTE", "GRAPH_RECOMPUTE"):
-            # what the nodes compute is no longer what the session wrote (numerics differ)
-            for t in _graph_nodes(msg, last_graph):
-                where, n = _place(t.data), _size(t)
-                if where and n is not None:
-                    buf(where[0]).remove(where[1], where[1] + n)
-            if cmd == "GRAPH_COMPUTE":
-                last_graph = msg
-        elif cmd in ("GET_TENSOR", "GET_TENSOR_2D"):
-            out[at] = _read_gaps(buf, msg, cmd)
+        try:
+            last_graph = _apply(step.cmd, msg, buf, out, at, last_graph)
+        except (ArithmeticError, ValueError, IndexError):
+            continue  # a step whose fields cannot be placed writes nothing we can name
     return out
+
+
+def _apply(cmd: str, msg, buf, out: dict, at: int, last_graph):
+    """One step's effect on what is written; returns the last graph computed."""
+    if cmd in ("SET_TENSOR", "MEMSET_TENSOR"):
+        size = len(msg.data) if cmd == "SET_TENSOR" else msg.size
+        where = _place(msg.tensor.data + msg.offset)
+        if where:
+            buf(where[0]).add(where[1], where[1] + size)
+    elif cmd == "SET_TENSOR_2D":
+        where = _place(msg.tensor.data + msg.offset)
+        if where:
+            for k in range(min(msg.n_copies, 1 << 16)):
+                buf(where[0]).add(where[1] + k * msg.stride,
+                                  where[1] + k * msg.stride + msg.size)
+    elif cmd == "BUFFER_CLEAR":
+        where = _place(msg.remote_ptr, HANDLE)
+        if where:
+            buf(where[0]).add(0, _UNBOUNDED)
+    elif cmd == "COPY_TENSOR":
+        src, dst = _place(msg.src.data), _place(msg.dst.data)
+        n = _size(msg.src)
+        if src and dst and n is not None:
+            if src[0] == dst[0] and src[1] < dst[1] + n and dst[1] < src[1] + n:
+                # overlapping: the real server's memcpy leaves the destination undefined
+                buf(dst[0]).remove(dst[1], dst[1] + n)
+                return last_graph
+            moved = [(s - src[1], e - src[1]) for s, e in
+                     buf(src[0]).covered(src[1], src[1] + n)]
+            buf(dst[0]).remove(dst[1], dst[1] + n)
+            for s, e in moved:
+                buf(dst[0]).add(dst[1] + s, dst[1] + e)
+    elif cmd in ("GRAPH_COMPUTE", "GRAPH_RECOMPUTE"):
+        # what the nodes compute is no longer what the session wrote (numerics differ)
+        for t in _graph_nodes(msg, last_graph):
+            where, n = _place(t.data), _size(t)
+            if where and n is not None:
+                buf(where[0]).remove(where[1], where[1] + n)
+        if cmd == "GRAPH_COMPUTE":
+            last_graph = msg
+    elif cmd in ("GET_TENSOR", "GET_TENSOR_2D"):
+        out[at] = _read_gaps(buf, msg, cmd)
+    return last_graph
 
 
 def _graph_nodes(msg, last_graph) -> list[RpcTensor]:
