@@ -254,9 +254,14 @@ def test_planted_bugs_are_found_named_and_minimised(tmp_path, knob, kind, comman
     out, report = run_campaign(CampaignConfig(target=target, duration=15, seed=4, deadline=1.0,
                                               out=tmp_path / "c", shrink_seconds=15))
     assert not report["errors"], report["errors"]
-    assert [(f["signature"]["kind"], f["signature"]["command"]) for f in report["findings"]] \
-        == [(kind, command)], report["findings"]
-    (f,) = report["findings"]
+    found = [(x["signature"]["kind"], x["signature"]["command"]) for x in report["findings"]]
+    # One bug, named after its command. A stalled command also never closes a connection
+    # whose frame of it must be refused (the sweep sends those): a protocol finding of the same
+    # command and line may come with the hang, nothing else.
+    extra = {("protocol", command)} if kind == "hang" else set()
+    assert (kind, command) in found and set(found) <= {(kind, command)} | extra, \
+        report["findings"]
+    f = next(x for x in report["findings"] if x["signature"]["kind"] == kind)
     assert f["confirmed"] and f["replays"] and f["steps"] <= most_steps, f["listing"]
     repro = out / "crashes" / f["id"] / "repro.rpct"
     assert replay(repro, target, deadline=1.0).reproduced

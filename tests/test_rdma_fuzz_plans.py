@@ -111,3 +111,16 @@ def test_the_cli_refuses_rdma_soft_where_it_does_not_apply(tmp_path):
     other.write_text("{}")
     assert replay_command(console, other, target="p7", dialect=None, deadline=1,
                           transport="rdma-soft") == 2
+
+
+def test_the_sweep_cuts_every_stream_command_with_every_plan_the_same_way_each_time():
+    cases = p.sweep_cases()
+    assert len(cases) == len(p.SEND_PLANS) * len(p.SWEEP_PROBES)
+    assert {c.plan["what"] for c in cases} == set(p.SEND_PLANS)
+    assert {c.requests[0].cmd for c in cases} == {x.value for x in p.STREAM_COMMANDS}
+    sizes = {len(p.expected_probe(c)) for c in cases}
+    assert {RDMA_CHUNK - 8, RDMA_CHUNK + 3} <= sizes
+    for c in cases:
+        assert sum(c.writes) == len(c.stream) and p.has_probe(c)
+    assert [c.to_json() for c in p.sweep_cases()] == [c.to_json() for c in cases]
+    assert [c.plan["what"] for c in p.sweep_cases(("ragged",))] == ["ragged"] * 3

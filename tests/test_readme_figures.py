@@ -64,3 +64,17 @@ def test_the_releases_pins_in_the_readme_are_matrix_yamls():
     from harness.impls.pins import get_pin
     protos = ", ".join(get_pin(p).proto for p in peers)
     assert f"**releases**: every real build ({protos}) against every" in README
+
+
+def test_the_sweep_sizes_in_the_readme_are_the_sweeps():
+    from harness.fuzz.sweep import size
+    m = re.search(r"is sent once: ([\d,]+) cases for 7\.0\.0, ([\d,]+) for 8\.0\.0",
+                  " ".join(README.split()))
+    assert m, "README: the sweep's size sentence is missing"
+    assert [int(x.replace(",", "")) for x in m.groups()] == [size("7.0.0"), size("8.0.0")]
+
+
+def test_the_saved_reproducers_are_counted_right():
+    from harness.releases.watch import reproducer_dirs
+    m = re.search(r"`fixtures/reproducers`: (\w+) of the project's own", " ".join(README.split()))
+    assert m and WORDS.get(m.group(1)) == len(reproducer_dirs(ROOT / "fixtures" / "reproducers"))

@@ -222,6 +222,8 @@ class _Worker:
                 break
             self._run_case(item.case)
             self.stats["sweep_done"] += 1
+        else:  # exhausted: the count was an upper bound (a walk draw may repeat or be local)
+            self.stats["sweep_total"] = self.stats["sweep_done"]
         self.timing["sweep"] += time.perf_counter() - t0
         self._emit_stats(force=True)
         self._drain_queue()  # its findings, confirmed and minimised after it

@@ -21,7 +21,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
                  no_allow: bool = False, engine: str = "live", oracles: dict | None = None,
-                 transport: str = "tcp") -> int:
+                 transport: str = "tcp", sweep_share: float = 0.2) -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -34,6 +34,9 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
         shard_of = parse_shard(shard)
     except ValueError as e:
         console.print(f"[red]{e}")
+        return 2
+    if not 0.0 <= sweep_share <= 1.0:
+        console.print(f"[red]--sweep-share {sweep_share}: a share of the duration, 0 to 1")
         return 2
     if (target is None) == (differential is None):
         console.print("[red]give either --target or --differential A B")
@@ -53,7 +56,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
         cfg = RdmaCampaignConfig(target=target, duration=seconds, seed=seed, out=out,
                                  deadline=deadline, shrink_seconds=shrink_seconds,
                                  keep_work=keep_work, min_messages=min_messages,
-                                 as_limit=as_limit)
+                                 as_limit=as_limit, sweep_share=sweep_share)
         runner = run_rdma_campaign
     elif differential is not None:
         from .differential import DifferentialConfig, run_differential
@@ -66,7 +69,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                                  duration=seconds, seed=seed, out=out, deadline=deadline,
                                  rss_limit=rss_limit, as_limit=as_limit,
                                  shrink_seconds=shrink_seconds, max_steps=max_steps,
-                                 allow=allow, min_messages=min_messages, keep_work=keep_work)
+                                 allow=allow, min_messages=min_messages, keep_work=keep_work,
+                                 sweep_share=sweep_share)
         runner = run_differential
         target = f"{differential[0]} vs {differential[1]}"
     elif engine == "libfuzzer":
@@ -89,7 +93,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
                              max_steps=max_steps, keep_work=keep_work,
                              min_messages=min_messages, shard=shard_of,
-                             oracles=oracles or {})
+                             oracles=oracles or {}, sweep_share=sweep_share)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:

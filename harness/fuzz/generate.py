@@ -391,14 +391,14 @@ def _body_mutations(dialect: str, regions: tuple, local_only: bool = False,
     return both
 
 
-_REFUSED_FRAMINGS = {"len_too_small", "len_too_large", "len_huge", "truncated"}
+REFUSED_FRAMINGS = {"len_too_small", "len_too_large", "len_huge", "truncated"}
 
 
 def _not_comm_init(mut: rst.Mutation) -> bool:
     d = mut.description
     # These framings are refused at the length check; every other COMM_INIT mutation is a
     # complete request the server would act on.
-    return d["cmd"] != Cmd.COMM_INIT.value or d["what"] in _REFUSED_FRAMINGS
+    return d["cmd"] != Cmd.COMM_INIT.value or d["what"] in REFUSED_FRAMINGS
 
 
 @lru_cache(maxsize=None)

@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import strategies as rst
+from ..proto import Cmd
+from .triage import root_cause_lines, root_causes
 
 
 
@@ -56,10 +58,11 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
                "oracles": oracle_summary(cfg.oracles, progress.workers.values()),
                "workers_never_listened": [i for i in range(cfg.workers) if not
                                           progress.workers.get(i, {}).get("target_starts")]})
-    done, total = progress.total("sweep_done"), progress.total("sweep_total")
-    report["sweep"] = {"cases": total, "done": done, "complete": done >= total,
-                       "seconds": round(progress.merged("timing").get("sweep", 0.0), 1),
-                       "share": cfg.sweep_share}
+    if hasattr(cfg, "sweep_share"):  # the in-process engine seeds with the sweep instead
+        done, total = progress.total("sweep_done"), progress.total("sweep_total")
+        report["sweep"] = {"cases": total, "done": done, "complete": done >= total,
+                           "seconds": round(progress.merged("timing").get("sweep", 0.0), 1),
+                           "share": cfg.sweep_share}
     report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
 
@@ -82,6 +85,7 @@ def build_report_from_parts(template: dict, *, totals: dict, elapsed: float, cov
               "timing_s": {k: round(v, 1) for k, v in sorted(timing.items())},
               "errors": errors, **extra}
     report["nothing_found"] = not findings and not errors
+    report["root_causes"] = [rc.to_json() for rc in root_causes(findings)]
     return report
 
 
@@ -158,13 +162,20 @@ def systematic_problems(report: dict) -> list[str]:
     return out
 
 
-def coverage_summary(dialect: str, coverage: Counter) -> dict:
+def coverage_summary(dialect: str, coverage: Counter, *, local_only: bool = True) -> dict:
     """Which (kind, what, cmd) mutations and which command x field pairs were exercised.
 
     The denominators come from the mutation registry (:func:`rst.mutation_catalogue`): the
     request-side operators of the dialect and the fields each can write per command, so a
-    newly registered mutation shows up here (with 0 until a campaign sends it)."""
+    newly registered mutation shows up here (with 0 until a campaign sends it). With
+    ``local_only`` (every live campaign) the pairs a campaign never sends by the loopback
+    rule, a well-formed COMM_INIT (the server would connect to the addresses it names), are
+    ``withheld``, not missing."""
+    from .generate import REFUSED_FRAMINGS
     catalogue = [c for c in rst.mutation_catalogue(dialect) if c["direction"] == "request"]
+    withheld = [f"{c['kind']}:{c['what']}:{c['cmd']}" for c in catalogue
+                if local_only and c["cmd"] == Cmd.COMM_INIT.value
+                and c["what"] not in REFUSED_FRAMINGS]
     seen_ops: Counter = Counter()
     fields: dict = defaultdict(Counter)
     for c in catalogue:
@@ -182,7 +193,8 @@ def coverage_summary(dialect: str, coverage: Counter) -> dict:
         fields[cmd_key][field] += n
     exercised = [c for c in catalogue if (c["kind"], c["what"], c["cmd"]) in seen_ops]
     missing = [f"{c['kind']}:{c['what']}:{c['cmd']}" for c in catalogue
-               if (c["kind"], c["what"], c["cmd"]) not in seen_ops]
+               if (c["kind"], c["what"], c["cmd"]) not in seen_ops
+               and f"{c['kind']}:{c['what']}:{c['cmd']}" not in withheld]
     by_kind = {}
     for kind in rst.MUTATION_KINDS:
         total = sum(1 for c in catalogue if c["kind"] == kind)
@@ -191,7 +203,8 @@ def coverage_summary(dialect: str, coverage: Counter) -> dict:
     command_field = {cmd: dict(sorted(f.items())) for cmd, f in sorted(fields.items())}
     return {
         "mutations_exercised": len(exercised), "mutations_catalogue": len(catalogue),
-        "by_kind": by_kind, "missing": missing, "command_field": command_field,
+        "by_kind": by_kind, "missing": missing, "withheld": withheld,
+        "command_field": command_field,
         "fields_exercised": sum(1 for f in command_field.values() for n in f.values() if n),
         "fields_catalogue": sum(len(f) for f in command_field.values()),
         "valid_commands": dict(sorted(valid.items())),
@@ -283,6 +296,7 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
     if r["errors"]:
         lines += ["## Worker errors", ""] + [f"* worker {e.get('worker')}: {e.get('error')}"
                                             for e in r["errors"]] + [""]
+    lines += root_cause_lines(r["findings"], _md)
     lines += ["## Findings", ""]
     if not r["findings"]:
         lines += ["None." + (" The reference server must never crash, hang, grow beyond its "
@@ -347,6 +361,10 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
         f"{k} {v:,}" for k, v in cov["valid_commands"].items()), ""]
     if cov["missing"]:
         lines += [f"Not exercised ({len(cov['missing'])}): " + ", ".join(cov["missing"]), ""]
+    if cov.get("withheld"):
+        lines += [f"Withheld by the loopback rule ({len(cov['withheld'])}; a well-formed "
+                  "COMM_INIT makes the server connect to the addresses it names): "
+                  + ", ".join(cov["withheld"]), ""]
     return "\n".join(lines)
 
 

@@ -9,6 +9,10 @@ Two parts, the same for a dialect on every machine:
 2. **the boundary sweep**: for every command that carries tensors and every tensor role in it
    (tensor, src, dst, srcs[0], and in GRAPH_COMPUTE the node, a source, a view and the view's
    source), every ``placement`` and ``shape_class`` of :mod:`harness.fuzz.strategies.boundaries`;
+   every ``field_class`` (each id, ne/nb, type, op, op_params, flags, view and use-count field
+   at its edges); every ``error_path`` (the tensor one byte past its buffer, with an op past
+   the enum or a name a bounds-error message would print); every ``scalar_class`` (device,
+   value, copies, stride, uid, hash at theirs);
    every ``range_class`` of the commands with an offset and a size; every ``graph_class``; and
    SET_TENSOR's cache flag 0, 1, 2 and 255. Each is a one-request session after the same
    set-up: HELLO, then ALLOC_BUFFER + BUFFER_GET_BASE of two buffers (4 KiB and 8 KiB), then the
@@ -32,8 +36,9 @@ from ..proto.tensor import RpcTensor
 from . import strategies as rst
 from .case import Case, annotate, step
 from .generate import _PROBE, _Model, _alloc_steps, _frame, _not_comm_init
-from .strategies.boundaries import (RANGED, graph_cases, graph_request, placement_cases,
-                                    range_cases, shape_cases, with_range)
+from .strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_cases,
+                                    graph_request, placement_cases, range_cases, scalar_cases,
+                                    shape_cases, with_range)
 from .strategies.basics import _tensor_nbytes
 from .strategies.registry import _get_tensor, _replace_tensor
 
@@ -173,48 +178,82 @@ def _desc(d: Dialect, kind: str, what: str, cmd: Cmd, field: str, case: str, **e
     return desc
 
 
-def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
-    d = get_dialect(dialect)
-    head, regions = _setup(d)
+def _other_id(msg, roles, t: RpcTensor) -> int:
+    ids = (_get_tensor(msg, slot, index).id for slot, index in roles.values())
+    return next((i for i in ids if i not in (t.id, 0)), t.id ^ 0x10)
+
+
+def _boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict, object]]:
+    """(label, command, description, request) of every distinct boundary case, unframed:
+    framing the deep graphs is what costs, so ``size`` counts these and only
+    ``boundary_sweep`` frames. An edge that equals another case's request (a field whose
+    baseline value is the edge, a size the command does not carry) is sent once, under the
+    first label."""
+    sent: set = set()
+    for label, cmd, desc, req in _all_boundary_requests(d, regions):
+        key = (cmd, req)
+        if key not in sent:
+            sent.add(key)
+            yield label, cmd, desc, req
+
+
+def _all_boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict, object]]:
     for cmd, (msg, roles) in baselines(d, regions).items():
         for role, (slot, index) in roles.items():
             t = _get_tensor(msg, slot, index)
+            own = _own(regions, t)
             index_extra = {"index": index} if slot.endswith("[]") else {}
-            for case, handle, data in placement_cases(regions, _own(regions, t),
-                                                      _tensor_nbytes(t)):
-                req = _replace_tensor(msg, slot, index, replace(t, buffer=handle, data=data))
-                desc = _desc(d, "field", "placement", cmd, f"{slot}.data", f"{role}: {case}",
-                             value=data, **index_extra)
-                yield SweepCase("boundary", f"placement:{cmd.value} {role} {case}",
-                                _session(d, head, _frame(d, req), cmd.value, desc))
+            for case, handle, data in placement_cases(regions, own, _tensor_nbytes(t)):
+                yield (f"placement:{cmd.value} {role} {case}", cmd,
+                       _desc(d, "field", "placement", cmd, f"{slot}.data", f"{role}: {case}",
+                             value=data, **index_extra),
+                       _replace_tensor(msg, slot, index, replace(t, buffer=handle, data=data)))
             for case, ne, nb, type_ in shape_cases(t):
-                req = _replace_tensor(msg, slot, index, replace(t, ne=ne, nb=nb, type=type_))
-                desc = _desc(d, "field", "shape_class", cmd, f"{slot}.ne", f"{role}: {case}",
-                             **index_extra)
-                yield SweepCase("boundary", f"shape_class:{cmd.value} {role} {case}",
-                                _session(d, head, _frame(d, req), cmd.value, desc))
+                yield (f"shape_class:{cmd.value} {role} {case}", cmd,
+                       _desc(d, "field", "shape_class", cmd, f"{slot}.ne", f"{role}: {case}",
+                             **index_extra),
+                       _replace_tensor(msg, slot, index, replace(t, ne=ne, nb=nb, type=type_)))
+            for case, field, changed in field_cases(t, _other_id(msg, roles, t), regions[own]):
+                yield (f"field_class:{cmd.value} {role} {case}", cmd,
+                       _desc(d, "field", "field_class", cmd, f"{slot}.{field}",
+                             f"{role}: {case}", **index_extra),
+                       _replace_tensor(msg, slot, index, changed))
+            for case, changed in error_path_cases(t, regions[own]):
+                yield (f"error_path:{cmd.value} {role} {case}", cmd,
+                       _desc(d, "field", "error_path", cmd, f"{slot}.data", f"{role}: {case}",
+                             **index_extra),
+                       _replace_tensor(msg, slot, index, changed))
+        for case, field, changed in scalar_cases(msg):
+            if field == "uid" and not d.graph_uid:  # a field of the message, not of the wire
+                continue
+            yield (f"scalar_class:{cmd.value} {case}", cmd,
+                   _desc(d, "field", "scalar_class", cmd, field, case), changed)
         if cmd in RANGED:
             n = _tensor_nbytes(msg.tensor)
             for case, offset, size in range_cases(n, SETUP[0]):
                 field = "size" if case.startswith("size") and hasattr(msg, "size") else "offset"
-                desc = _desc(d, "field", "range_class", cmd, field, case,
-                             value=size if field == "size" else offset)
-                yield SweepCase("boundary", f"range_class:{cmd.value} {case}",
-                                _session(d, head, _frame(d, with_range(msg, cmd, offset, size)),
-                                         cmd.value, desc))
+                yield (f"range_class:{cmd.value} {case}", cmd,
+                       _desc(d, "field", "range_class", cmd, field, case,
+                             value=size if field == "size" else offset),
+                       with_range(msg, cmd, offset, size))
         if cmd is Cmd.GRAPH_COMPUTE:
             for case, nodes, tensors in graph_cases(regions):
-                desc = _desc(d, "field", "graph_class", cmd, "tensors", case)
-                yield SweepCase("boundary", f"graph_class:GRAPH_COMPUTE {case}",
-                                _session(d, head, _frame(d, graph_request(d, nodes, tensors, msg)),
-                                         cmd.value, desc))
+                yield (f"graph_class:GRAPH_COMPUTE {case}", cmd,
+                       _desc(d, "field", "graph_class", cmd, "tensors", case),
+                       graph_request(d, nodes, tensors, msg))
         if cmd is Cmd.SET_TENSOR and d.cache_flag:
             for flag in CACHE_FLAGS:
-                desc = _desc(d, "flag", "cache_flag", cmd, "cache_flag", f"cache_flag={flag}",
-                             value=flag)
-                yield SweepCase("boundary", f"cache_flag:SET_TENSOR {flag}",
-                                _session(d, head, _frame(d, replace(msg, cache_flag=flag)),
-                                         cmd.value, desc))
+                yield (f"cache_flag:SET_TENSOR {flag}", cmd,
+                       _desc(d, "flag", "cache_flag", cmd, "cache_flag", f"cache_flag={flag}",
+                             value=flag),
+                       replace(msg, cache_flag=flag))
+
+
+def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
+    d = get_dialect(dialect)
+    head, regions = _setup(d)
+    for label, cmd, desc, req in _boundary_requests(d, regions):
+        yield SweepCase("boundary", label, _session(d, head, _frame(d, req), cmd.value, desc))
 
 
 def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
@@ -232,21 +271,10 @@ def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
 
 
 def size(dialect: str, *, draws: int = DRAWS, shard: tuple[int, int] = (1, 1)) -> int:
-    """How many cases ``sweep`` gives (an upper bound for the walk: a draw may repeat), counted
-    without building a frame."""
+    """How many cases ``sweep`` gives (an upper bound for the walk: a draw may repeat or open
+    a connection a local-only sweep leaves out), counted without framing a request."""
     d = get_dialect(dialect)
     _, regions = _setup(d)
-    total = len(_walk_pairs(d)) * draws
-    for cmd, (msg, roles) in baselines(d, regions).items():
-        for slot, index in roles.values():
-            t = _get_tensor(msg, slot, index)
-            total += len(placement_cases(regions, _own(regions, t), _tensor_nbytes(t)))
-            total += len(shape_cases(t))
-        if cmd in RANGED:
-            total += len(range_cases(_tensor_nbytes(msg.tensor), SETUP[0]))
-        if cmd is Cmd.GRAPH_COMPUTE:
-            total += len(graph_cases(regions))
-        if cmd is Cmd.SET_TENSOR and d.cache_flag:
-            total += len(CACHE_FLAGS)
+    total = len(_walk_pairs(d)) * draws + sum(1 for _ in _boundary_requests(d, regions))
     i, n = shard
     return len(range(i - 1, total, n))

@@ -27,6 +27,9 @@ class Misbehaviour:
     leak_fd_per_connection: bool = False  # open a descriptor per connection, never close it
     spin_on: str | None = None  # command name: burn spin_seconds of CPU before answering it
     spin_seconds: float = 1.0
+    # a planted boundary bug (proves the sweep, harness/fuzz/sweep.py): deserialize_tensor
+    # accepts a tensor whose data ends up to this many bytes past its buffer's end
+    tensor_bounds_slack: int = 0
 
     # --- client side (what a server under test faces)
     skip_hello: bool = False

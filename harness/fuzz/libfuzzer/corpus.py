@@ -112,10 +112,17 @@ def draw_cases(dialect: str, n: int, *, seed: int = 0, mutation_odds: int = 8,
 
 
 def write_seed_corpus(folder: Path, dialect: str, *, valid: int = 150, mutated: int = 150,
-                      seed: int = 0) -> int:
-    """Seeds from the generator: valid sessions and mutated ones. Returns files written."""
+                      seed: int = 0, sweep_max_len: int | None = None) -> int:
+    """Seeds from the generator: valid sessions and mutated ones, and with ``sweep_max_len``
+    every case of the deterministic sweep (harness/fuzz/sweep.py) whose input is no longer
+    (the boundary classes, so coverage guidance starts from every edge). Returns files
+    written."""
     inputs = {case_to_input(c) for c in draw_cases(dialect, valid, seed=seed, mutation_odds=0)}
     inputs |= {case_to_input(c) for c in draw_cases(dialect, mutated, seed=seed + 1)}
+    if sweep_max_len:
+        from ..sweep import sweep
+        inputs |= {data for data in (case_to_input(c.case) for c in sweep(dialect))
+                   if len(data) <= sweep_max_len}
     for data in inputs:
         write_input(folder, data)
     return len(inputs)

@@ -1,7 +1,8 @@
 """``harness fuzz --engine libfuzzer --target PIN``: a coverage-guided campaign in process.
 
 1. the pin's in-process target is built (cached, :mod:`.build`);
-2. the seed corpus comes from the structured generator (valid sessions and mutated ones), plus
+2. the seed corpus comes from the structured generator (valid sessions and mutated ones) and
+   the deterministic sweep (every case within ``max_len``), plus
    ``--corpus`` (a live campaign's ``corpus/`` or a previous in-process corpus);
 3. libFuzzer runs in fork mode (``-fork=<workers> -ignore_crashes=1``: a sanitizer error ends a
    job, not the campaign), its status lines give executions and edges over time;
@@ -67,6 +68,7 @@ class LibFuzzerConfig:
     corpus: Path | None = None
     seeds_valid: int = 150
     seeds_mutated: int = 150
+    seeds_sweep: bool = True  # the sweep's cases (those within max_len) are seeds too
     max_len: int = 1 << 16
     minimise_seconds: float = 12.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
@@ -419,7 +421,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     progress = Progress()
     started = time.monotonic()
     n_seeds = lfc.write_seed_corpus(seeds, dialect, valid=cfg.seeds_valid,
-                                    mutated=cfg.seeds_mutated, seed=seed)
+                                    mutated=cfg.seeds_mutated, seed=seed,
+                                    sweep_max_len=cfg.max_len if cfg.seeds_sweep else None)
     imported = 0
     if cfg.corpus is not None and Path(cfg.corpus).is_dir():
         imported = lfc.import_live_corpus(Path(cfg.corpus), seeds)
@@ -617,7 +620,7 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
         "(connections)")
     text = "\n".join(x for x in text.splitlines() if not x.startswith(
         ("| messages sent", "| messages/s", "| RSS ", "| target restarts", "| shrink attempts",
-         "| connection outcomes", "| connections |"))) + "\n"
+         "| connection outcomes", "| connections |", "| sweep"))) + "\n"
     # The generator's mutation catalogue is not what drives this engine: its coverage is the
     # server code's (below), not the command x field table.
     text = text.split("\n## Coverage of the command x field space")[0] + "\n"
@@ -629,7 +632,7 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
              f"| executions/s | {r['executions_per_s']:,.0f} (one execution = one connection) |",
              f"| edges / features / corpus | {r['edges']:,} / {r['features']:,} / "
              f"{r['corpus_size']:,} |",
-             f"| seeds (generator) / imported | {r['seeds']} / {r['imported']} |",
+             f"| seeds (generator and sweep) / imported | {r['seeds']} / {r['imported']} |",
              f"| RSS bound in process | --rss-limit above the target's own "
              f"{r.get('rss_baseline_mb', 0)} MiB |",
              f"| corpus exported for live campaigns | {r['exported_cases']} cases in "

@@ -44,7 +44,7 @@ from ...transport.softverbs import (STATS_DIR_ENV, SoftverbsUnavailable, build_s
                                     read_qp_stats, softverbs_env)
 from ..target import Signature, Target, TargetError, TargetSpec, _dialect_or_none, normalise
 from .plans import (DIALECT, SEND_PLANS, RdmaCase, aligned, first_misfit, plan_catalogue, predict,
-                    rdma_cases, with_requests)
+                    rdma_cases, sweep_cases, with_requests)
 from .worker import FuzzPeer, WorkerDied
 
 TRANSPORT = "rdma-soft"
@@ -282,6 +282,7 @@ class RdmaCampaignConfig:
     as_limit: int = 3 << 30
     round_examples: int = 50
     workers: int = 1  # one worker: every connection is its own QP pair and 4 device threads
+    sweep_share: float = 0.2  # the deterministic phase (plans.sweep_cases) may take this much
 
     def to_json(self) -> dict:
         return {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
@@ -341,38 +342,53 @@ def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None =
         for s in case.requests:
             commands[f"valid|{s.cmd}"] += 1
 
+    def run_one(case: RdmaCase) -> None:
+        t0 = time.monotonic()
+        try:
+            obs = session.observe(case)
+        except WorkerDied as e:
+            progress.errors.append({"worker": 0, "error": str(e)[:2000]})
+            stats["worker_restarts"] += 1
+            return
+        timing["cases"] += time.monotonic() - t0
+        count(case, obs)
+        if obs.signature is not None:
+            stats["verdicts"] += 1
+            sid = obs.signature.id
+            if sid in seen:
+                progress.duplicates[sid] += 1
+                stats["duplicates"] += 1
+            else:
+                seen[sid] = obs.signature
+                t1 = time.monotonic()
+                progress.findings.append(_save_finding(session, cfg, case, obs,
+                                                       progress.elapsed, stats))
+                timing["minimise"] += time.monotonic() - t1
+        emit()
+
     try:
         session.start()
+        if cfg.sweep_share > 0:
+            # the deterministic phase first (every plan x the probe edges), in at most its
+            # share of the time; what it did not reach is counted and reported
+            sweep = sweep_cases(cfg.plans)
+            stats["sweep_total"] = len(sweep)
+            emit()
+            stop, s0 = time.time() + cfg.sweep_share * cfg.duration, time.monotonic()
+            for case in sweep:
+                if time.time() >= min(stop, end):
+                    break
+                run_one(case)
+                stats["sweep_done"] += 1
+            timing["sweep"] += time.monotonic() - s0
         round_no = 0
         while time.time() < end:
             @_round_settings(cfg.round_examples)
             @hyp_seed(seed * 1_000_003 + round_no)
             @given(rdma_cases(cfg.plans))
             def one_case(case):
-                if time.time() >= end:
-                    return
-                t0 = time.monotonic()
-                try:
-                    obs = session.observe(case)
-                except WorkerDied as e:
-                    progress.errors.append({"worker": 0, "error": str(e)[:2000]})
-                    stats["worker_restarts"] += 1
-                    return
-                timing["cases"] += time.monotonic() - t0
-                count(case, obs)
-                if obs.signature is not None:
-                    stats["verdicts"] += 1
-                    sid = obs.signature.id
-                    if sid in seen:
-                        progress.duplicates[sid] += 1
-                        stats["duplicates"] += 1
-                    else:
-                        seen[sid] = obs.signature
-                        t1 = time.monotonic()
-                        progress.findings.append(_save_finding(session, cfg, case, obs,
-                                                               progress.elapsed, stats))
-                        timing["minimise"] += time.monotonic() - t1
-                emit()
+                if time.time() < end:
+                    run_one(case)
             one_case()
             round_no += 1
     except KeyboardInterrupt:
@@ -463,6 +479,9 @@ def _report(cfg, spec, progress, stats, statuses, plans_seen, commands, timing, 
                         "server_rnr_naks_received": session.qp_totals["rnr_naks"]},
                "workers_never_listened": [] if session.target.starts else [0]})
     report["coverage"] = plan_coverage(plans_seen, report["coverage"])
+    report["sweep"] = {"cases": stats["sweep_total"], "done": stats["sweep_done"],
+                       "complete": stats["sweep_done"] >= stats["sweep_total"],
+                       "seconds": round(timing.get("sweep", 0.0), 1), "share": cfg.sweep_share}
     report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
 

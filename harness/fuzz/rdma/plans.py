@@ -309,6 +309,42 @@ def rdma_cases(draw, plans: tuple[str, ...] | None = None) -> RdmaCase:
                     plan={"what": plan.what, **params}, **fields)
 
 
+# the sweep's probe sizes: one byte, a receive slot's edge from below and from above
+SWEEP_PROBES = (1, RDMA_CHUNK - 8, RDMA_CHUNK + 3)
+
+
+@st.composite
+def _sweep_case(draw, plan: str, cmd: Cmd, size: int) -> RdmaCase:
+    d = get_dialect(DIALECT)
+    p = SEND_PLANS[plan]
+    req = _on_device_0(draw(messages(d, cmd, buffers=[_regions()[0]])))
+    steps = [step(pack_request(d, req), req.cmd.value)]
+    size = max(size, p.min_probe)
+    steps += probe_steps(size, 0x5A)
+    writes, opts = p.build(draw, [s.frame for s in steps])
+    params = {k: v for k, v in opts.items() if k not in _OPTION_FIELDS}
+    fields = {k: v for k, v in opts.items() if k in _OPTION_FIELDS}
+    return RdmaCase(requests=tuple(steps), writes=tuple(writes),
+                    buffers=(BUFFER_SIZES[0], max(BUFFER_SIZES[1], size)),
+                    plan={"what": p.what, **params}, **fields)
+
+
+def sweep_cases(plans: tuple[str, ...] | None = None) -> list[RdmaCase]:
+    """The deterministic first phase of an RDMA campaign: every SEND plan x every probe size
+    of :data:`SWEEP_PROBES`, each with one valid request before the probe (the stream
+    commands in turn, so every one of them is cut by some plan), drawn from fixed seeds: the
+    same cases on every machine."""
+    import zlib
+    from ..sweep import _drawn
+    out = []
+    for i, (plan, size) in enumerate((p, z) for p in (plans or tuple(SEND_PLANS))
+                                     for z in SWEEP_PROBES):
+        cmd = STREAM_COMMANDS[i % len(STREAM_COMMANDS)]
+        seed = zlib.crc32(f"rdma|{plan}|{size}|{cmd.value}".encode())
+        out += _drawn(_sweep_case(plan, cmd, size), 1, seed)
+    return out
+
+
 def _on_device_0(msg):
     return replace(msg, device=0) if getattr(msg, "device", 0) else msg
 

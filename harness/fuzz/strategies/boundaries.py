@@ -15,9 +15,13 @@ the same classes:
   types at and past the end of the enum;
 * ``range_class``: ``offset`` / ``size`` at and around 0, the tensor's end, the buffer's end,
   and values whose sum wraps;
+* ``field_class``: every other field of a tensor (ids, sources, ne/nb, type, op, op_params,
+  flags, view offset, use count, name) at its edges, one at a time;
+* ``error_path`` (sweep only): a tensor one byte past its buffer's end with an op past the
+  enum or an unterminated / printf-like name: what a bounds-error message prints;
 * ``graph_class``: node id 0, repeated and missing nodes, dangling sources, chains and fan-ins
-  of depth 2^k up to the reference's graph bound, many more nodes than tensors, op ids at and
-  past the enum.
+  of 2^k tensors up to exactly the reference's graph bound and one chain past it, many more
+  nodes than tensors, op ids at and past the enum.
 
 Nothing here names a known bug: these are the edges of the fields the protocol defines.
 """
@@ -32,12 +36,13 @@ from ...proto import ggml
 from ...proto.constants import Cmd
 from ...proto.messages import GraphComputeRequest
 from ...proto.tensor import RpcTensor
+from ...reference.server_core import ServerConfig
 from .basics import U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
 from .registry import _get_tensor, _replace_tensor, mutation, request_fields, tensor_slots
 
 # A heap-like address no ALLOC_BUFFER returned (far from the sentinels of harness.fuzz.case).
 UNKNOWN_HANDLE = 0x0000_7F3D_0EAD_B000
-MAX_GRAPH_TENSORS = 1 << 16  # the reference server's graph bound (harness/reference)
+MAX_GRAPH_TENSORS = ServerConfig.max_graph_tensors  # the reference server's graph bound
 CHAIN_EXPONENTS = (1, 4, 8, 12, 16)
 FANIN_EXPONENTS = (1, 4, 8, 12, 15)  # a binary tree of 2^k leaves: 2^(k+1) - 1 tensors
 
@@ -105,11 +110,12 @@ def _t(tid: int, r: BufferRegion, at: int = 0, n: int = 16, **kw) -> RpcTensor:
                      nb=(4, 4 * n, 4 * n, 4 * n), data=r.base + at, **kw)
 
 
-def _chain(r: BufferRegion, depth: int) -> tuple[tuple[int, ...], tuple[RpcTensor, ...]]:
+def _chain(r: BufferRegion, count: int) -> tuple[tuple[int, ...], tuple[RpcTensor, ...]]:
+    """``count`` tensors: a leaf, then each node adds its predecessor to itself."""
     add = ggml.OP["ADD"]
     first = _t(1, r)
     tensors = [first]
-    for i in range(2, depth + 2):
+    for i in range(2, count + 1):
         tensors.append(_t(i, r, op=add, src=(i - 1, i - 1) + (0,) * 8))
     return tuple(t.id for t in tensors[1:]), tuple(tensors)
 
@@ -152,12 +158,14 @@ def graph_cases(regions: tuple[BufferRegion, ...], uid: int = 1
         ("op_past_enum", (3,), (a, b, replace(out, op=ggml.OP_COUNT))),
         ("op_255", (3,), (a, b, replace(out, op=255))),
     ]
-    for k in CHAIN_EXPONENTS:
-        if (1 << k) + 1 <= MAX_GRAPH_TENSORS + 1:
+    for k in CHAIN_EXPONENTS:  # 2^k tensors, up to exactly the bound
+        if 1 << k <= MAX_GRAPH_TENSORS:
             cases.append((f"chain_2^{k}", *_chain(r, 1 << k)))
     for k in FANIN_EXPONENTS:
         if (2 << k) - 1 <= MAX_GRAPH_TENSORS:
             cases.append((f"fanin_2^{k}", *_fanin(r, k)))
+    # one past it: the reference refuses by design, the real server has no such bound
+    cases.append(("tensors_past_bound", *_chain(r, MAX_GRAPH_TENSORS + 1)))
     return cases
 
 
@@ -259,3 +267,106 @@ def graph_request(d, nodes, tensors, template: GraphComputeRequest | None = None
     """A GRAPH_COMPUTE of ``d`` (with the uid field where the dialect has one)."""
     uid = (template.uid if template is not None else 1) if d.graph_uid else 0
     return GraphComputeRequest(device=0, uid=uid, nodes=tuple(nodes), tensors=tuple(tensors))
+
+
+# ---------------------------------------------------------------- every field of a tensor
+
+I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
+_U32_EDGES = (0, 1, 2, I32_MAX, 1 << 31, U32_MAX)
+
+
+def field_cases(t: RpcTensor, other_id: int, region: BufferRegion
+                ) -> list[tuple[str, str, RpcTensor]]:
+    """(case, field, tensor) with one field of ``t`` at one of its edges: every id field, each
+    ne[i] and nb[i], type, op, op_params[0], flags, view_offs, use_count."""
+    n = _tensor_nbytes(t)
+    out: list[tuple[str, str, RpcTensor]] = []
+    for name in ("id", "view_src"):
+        for case, v in (("0", 0), ("1", 1), ("self", t.id), ("other", other_id), ("max", U64_MAX)):
+            out.append((f"{name}={case}", name, replace(t, **{name: v})))
+    for i in (0, 1):
+        for case, v in (("0", 0), ("self", t.id), ("other", other_id), ("missing", 0xBAD1D),
+                        ("max", U64_MAX)):
+            src = list(t.src)
+            src[i] = v
+            out.append((f"src[{i}]={case}", "src", replace(t, src=tuple(src))))
+    for attr in ("ne", "nb"):
+        for i in range(4):
+            for v in _U32_EDGES:
+                values = list(getattr(t, attr))
+                values[i] = v
+                out.append((f"{attr}[{i}]={v}", attr, replace(t, **{attr: tuple(values)})))
+    count = len(ggml.TYPES)
+    for case, v in (("0", 0), ("last", count - 1), ("count", count), ("255", 255),
+                    ("u32max", U32_MAX)):
+        out.append((f"type={case}", "type", replace(t, type=v)))
+    for case, v in (("none", 0), ("last", ggml.OP_COUNT - 1), ("count", ggml.OP_COUNT),
+                    ("255", 255), ("u32max", U32_MAX)):
+        out.append((f"op={case}", "op", replace(t, op=v)))
+    for v in (I32_MIN, -1, 0, 1, I32_MAX):
+        out.append((f"op_params[0]={v}", "op_params",
+                    replace(t, op_params=(v,) + tuple(t.op_params[1:]))))
+    for v in (-1, 1, I32_MAX, I32_MIN):
+        out.append((f"flags={v}", "flags", replace(t, flags=v)))
+    for case, v in (("1", 1), ("nbytes", n), ("buffer", region.size), ("max", U64_MAX)):
+        out.append((f"view_offs={case}", "view_offs", replace(t, view_offs=v)))
+    for v in (-1, I32_MAX, I32_MIN):
+        out.append((f"use_count={v}", "use_count", replace(t, use_count=v)))
+    for case, v in NAME_EDGES:
+        out.append((f"name={case}", "name", replace(t, name=v)))
+    return out
+
+
+# names a server may print: all 64 bytes without a terminator, and printf conversions
+NAME_EDGES = (("unterminated", b"A" * 64), ("format", b"%s%s%s%s%n%n".ljust(64, b"\0")))
+
+
+def error_path_cases(t: RpcTensor, region: BufferRegion) -> list[tuple[str, RpcTensor]]:
+    """(case, tensor): ``t`` one byte past the end of its buffer, so a server takes its
+    bounds-error path, with each field that path may print at an edge: an op past the enum
+    (a name table indexed with it), an unterminated or printf-like name. One field at a
+    time finds neither: a valid placement never prints, an invalid op alone is not read."""
+    n = _tensor_nbytes(t)
+    past = replace(t, data=_u64(region.end - n + 1))
+    out = [("past_end", past)]
+    for case, v in (("count", ggml.OP_COUNT), ("255", 255), ("u32max", U32_MAX)):
+        out.append((f"past_end op={case}", replace(past, op=v)))
+    for case, v in NAME_EDGES:
+        out.append((f"past_end name={case}", replace(past, name=v)))
+    return out
+
+
+# scalar request fields a command has, and their edges (offset/size: range_class)
+SCALAR_EDGES = {"device": (1, 255, U32_MAX), "value": (0, 1, 255),
+                "n_copies": (0, 1, 1 << 16, U64_MAX), "stride": (0, 1, U64_MAX),
+                "uid": (0, 1, U64_MAX), "hash": (0, U64_MAX)}
+
+
+def scalar_cases(msg) -> list[tuple[str, str, object]]:
+    """(case, field, request) with one scalar field of ``msg`` at one of its edges."""
+    out = []
+    for name, values in SCALAR_EDGES.items():
+        if not hasattr(msg, name):
+            continue
+        for v in values:
+            try:
+                out.append((f"{name}={v}", name, replace(msg, **{name: v})))
+            except (TypeError, ValueError):
+                continue
+    return out
+
+
+@mutation("field", "field_class", applies=_tensor_cmds,
+          fields=lambda d, c: tuple(f"{s}.{f}" for s in tensor_slots(d, c)
+                                    for f in ("id", "src", "view_src", "ne", "nb", "type", "op",
+                                              "op_params", "flags", "view_offs", "use_count",
+                                              "name")))
+def _(draw, site):
+    msg, slot, index = _slot(draw, site)
+    if slot == "tensors[]" and not msg.tensors:
+        return site.mutation("tensors[].id", msg)
+    t = _get_tensor(msg, slot, index)
+    case, field, changed = draw(st.sampled_from(field_cases(t, t.id ^ 0x10, site.region)))
+    extra = {"index": index} if slot.endswith("[]") else {}
+    return site.mutation(f"{slot}.{field}", _replace_tensor(msg, slot, index, changed),
+                         case=case, **extra)

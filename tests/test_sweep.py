@@ -1,0 +1,162 @@
+"""The deterministic sweep (harness/fuzz/sweep.py) and the boundary tables it walks
+(harness/fuzz/strategies/boundaries.py): the same cases on every machine, every case what its
+label says, counted right, and a planted boundary bug found by the sweep alone."""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+from dataclasses import fields
+
+import pytest
+
+from harness.fuzz import sweep as sw
+from harness.fuzz.differential import DifferentialConfig, run_differential
+from harness.fuzz.report import systematic_problems
+from harness.fuzz.strategies.basics import BufferRegion
+from harness.fuzz.strategies.boundaries import (MAX_GRAPH_TENSORS, field_cases, graph_cases,
+                                                placement_cases, range_cases, scalar_cases)
+from harness.proto import get_dialect
+from harness.proto import messages as m
+from harness.proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
+from harness.proto.tensor import RpcTensor
+from harness.reference.server_core import ServerConfig
+
+D8 = get_dialect("8.0.0")
+
+
+def _digest(cases) -> list[tuple[str, str]]:
+    return [(c.label, hashlib.sha256(b"".join(s.frame for s in c.case.steps)).hexdigest())
+            for c in cases]
+
+
+# ------------------------------------------------------------------ the tables
+def test_placement_puts_data_at_and_around_both_edges_of_every_buffer():
+    regions = (BufferRegion(0x1000, 0x10_0000, 4096), BufferRegion(0x2000, 0x20_0000, 8192))
+    cases = {case: (handle, data) for case, handle, data in placement_cases(regions, 0, 256)}
+    own, other = regions
+    assert cases["buffer=own data=own:end-nbytes"] == (own.handle, own.end - 256)
+    assert cases["buffer=own data=own:end-nbytes+1"] == (own.handle, own.end - 255)
+    # the buffer field names one buffer, the data lies in the other: a case of its own
+    assert cases["buffer=own data=other:base"] == (own.handle, other.base)
+    assert cases["buffer=other data=own:end-1"] == (other.handle, own.end - 1)
+
+
+def test_ranges_and_fields_reach_their_edges():
+    r = dict((c, (o, s)) for c, o, s in range_cases(256, 4096))
+    assert any(o + s > (1 << 64) - 1 for o, s in r.values())  # a sum that wraps u64
+    t = RpcTensor(id=5, type=0, buffer=0x1000, ne=(64, 1, 1, 1), nb=(4, 256, 256, 256),
+                  data=0x10_0000)
+    changed = field_cases(t, 9, BufferRegion(0x1000, 0x10_0000, 4096))
+    # each case changes exactly the field it names and nothing else
+    for case, field, new in changed:
+        diff = {f.name for f in fields(RpcTensor) if getattr(new, f.name) != getattr(t, f.name)}
+        assert diff <= {field}, (case, diff)
+    names = Counter(field for _, field, _ in changed)
+    assert set(names) == {"id", "view_src", "src", "ne", "nb", "type", "op", "op_params",
+                          "flags", "view_offs", "use_count", "name"}
+    msg = m.MemsetTensorRequest(t, 0, 256, 7)
+    assert {f for _, f, _ in scalar_cases(msg)} == {"value"}
+
+
+def test_the_graph_cases_reach_the_reference_bound_exactly_and_one_past_it():
+    assert MAX_GRAPH_TENSORS == ServerConfig.max_graph_tensors
+    regions = (BufferRegion(0x1000, 0x10_0000, 4096), BufferRegion(0x2000, 0x20_0000, 8192))
+    sizes = {case: len(tensors) for case, _, tensors in graph_cases(regions)}
+    assert max(n for c, n in sizes.items() if c != "tensors_past_bound") == MAX_GRAPH_TENSORS
+    assert sizes["tensors_past_bound"] == MAX_GRAPH_TENSORS + 1
+
+
+# ------------------------------------------------------------------ the sweep
+def test_every_boundary_case_sends_the_request_it_is_labelled_with():
+    """Each frame decodes, with the dialect's own codec, to a request of the labelled
+    command, and no two cases send the same bytes (an edge equal to the baseline is sent
+    once)."""
+    head, regions = sw._setup(D8)
+    seen: Counter = Counter()
+    frames: dict[bytes, str] = {}
+    for label, cmd, desc, req in sw._boundary_requests(D8, regions):
+        frame = sw._frame(D8, req)
+        assert frame[0] == D8.id_of(cmd) and desc["cmd"] == cmd.value, label
+        if len(frame) < 1 << 20:  # the deep graphs: decoding 65,536 tensors is costly
+            assert unpack_request_payload(D8, cmd, frame[REQUEST_HEADER_SIZE:]) == req, label
+            assert frames.setdefault(frame, label) == label, (frames[frame], label)
+        seen[desc["what"]] += 1
+    assert set(seen) == {"placement", "shape_class", "field_class", "error_path",
+                         "scalar_class", "range_class", "graph_class", "cache_flag"}
+
+
+def test_the_walk_draws_every_operator_and_command_the_same_way_twice():
+    first = list(sw.catalogue_walk("7.0.0", local_only=False))
+    pairs = {f"{op.kind}:{op.what}:{c.value if c is not None else 'UNKNOWN'}"
+             for op, c in sw._walk_pairs(get_dialect("7.0.0"))}
+    assert {c.label for c in first} == pairs
+    assert _digest(first) == _digest(sw.catalogue_walk("7.0.0", local_only=False))
+
+
+def test_size_bounds_the_sweep_and_shards_partition_it():
+    whole = _digest(sw.sweep("7.0.0"))
+    assert len(whole) <= sw.size("7.0.0")
+    assert sum(sw.size("7.0.0", shard=(i, 3)) for i in (1, 2, 3)) == sw.size("7.0.0")
+    assert _digest(sw.sweep("7.0.0", shard=(2, 3))) == whole[1::3]
+
+
+def test_a_sweep_stopped_by_its_share_is_a_problem_and_an_exhausted_one_is_complete(tmp_path,
+                                                                                     monkeypatch):
+    import harness.fuzz.differential as diff
+    few = list(sw.boundary_sweep("7.0.0"))[:6]
+    monkeypatch.setattr(diff, "sweep_cases", lambda *a, **k: iter(few))
+    monkeypatch.setattr(diff, "sweep_size", lambda *a, **k: 10)  # an upper bound, as size()
+    _, report = run_differential(DifferentialConfig(a="ref", b="ref-7.0.0", seed=1,
+                                                    duration=30, max_cases=8,
+                                                    out=tmp_path / "d"))
+    assert report["sweep"]["complete"] and report["sweep"]["cases"] == 6, report["sweep"]
+    stopped = {"duration_s": 600, "sweep": {"cases": 3000, "done": 10, "complete": False}}
+    assert systematic_problems(stopped) and not systematic_problems(
+        {"duration_s": 600, "sweep": report["sweep"]})
+
+
+@pytest.mark.slow
+def test_the_sweep_finds_a_planted_boundary_bug(tmp_path):
+    """The reference with a bounds check one byte short (tensor_bounds_slack=1) against the
+    correct one: the sweep alone finds it, at a placement of one byte past a buffer's end."""
+    planted = "ref-7.0.0:tensor_bounds_slack=1"
+    _, report = run_differential(DifferentialConfig(
+        a="ref-7.0.0", b=planted, seed=1, duration=300, sweep_share=1.0,
+        max_cases=sw.size("7.0.0"), shrink_seconds=10, out=tmp_path / "d"))
+    assert not report["errors"], report["errors"]
+    assert report["findings"], report["stats"]
+    cases = {f["listing"][-1] if f["listing"] else "" for f in report["findings"]}
+    assert any("end-nbytes+1" in line or "end-1" in line for line in cases), cases
+    # the same sweep against two correct servers: nothing
+    _, clean = run_differential(DifferentialConfig(
+        a="ref-7.0.0", b="ref-7.0.0", seed=1, duration=300, sweep_share=1.0,
+        max_cases=sw.size("7.0.0"), out=tmp_path / "clean"))
+    assert clean["nothing_found"] and clean["sweep"]["complete"], clean["findings"]
+
+
+def test_comm_init_pairs_the_loopback_rule_forbids_are_withheld_not_missing():
+    from collections import Counter as C
+    from harness.fuzz.report import coverage_summary
+    cov = coverage_summary("8.0.0", C())
+    assert "field:comm_params:COMM_INIT" in cov["withheld"]
+    assert not set(cov["withheld"]) & set(cov["missing"])
+    # the refused framings are sent (the server stops at the length check): still counted
+    assert "framing:len_huge:COMM_INIT" in cov["missing"]
+    # a campaign that swept everything else has no problem left
+    every = C({f"{k.replace(':', '|')}|x": 1 for k in cov["missing"]})
+    done = coverage_summary("8.0.0", every)
+    assert done["missing"] == [] and not systematic_problems(
+        {"duration_s": 600, "coverage": done})
+    assert coverage_summary("8.0.0", C(), local_only=False)["withheld"] == []
+
+
+def test_the_in_process_engine_is_seeded_with_the_sweep(tmp_path):
+    from harness.fuzz.libfuzzer import corpus as lfc
+    n = lfc.write_seed_corpus(tmp_path, "7.0.0", valid=2, mutated=2, sweep_max_len=1 << 16)
+    files = {p.read_bytes() for p in tmp_path.iterdir()}
+    past_end = next(c for c in sw.boundary_sweep("7.0.0") if "error_path" in c.label)
+    assert lfc.case_to_input(past_end.case) in files
+    deep = next(c for c in sw.boundary_sweep("7.0.0") if "tensors_past_bound" in c.label)
+    assert lfc.case_to_input(deep.case) not in files  # 19 MB: past max_len
+    assert n == len(files) > sw.size("7.0.0") // 2
