@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Optional
 
@@ -676,6 +677,10 @@ def fuzz(
                                   "the RDMA peer of the target's +rdma build on the soft verbs "
                                   "device, its request streams cut into SENDs across the "
                                   "server's reads (e.g. with --deadline 2)."),
+    sweep_share: float = typer.Option(0.2, "--sweep-share", help="Share of the duration the "
+                                      "deterministic sweep (catalogue walk, boundary classes) "
+                                      "may take before the random search (live and "
+                                      "--differential; 1: the sweep alone, 0: none)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -694,7 +699,8 @@ def fuzz(
                                   fail_on_findings=fail_on_findings,
                                   min_messages=min_messages, shard=shard,
                                   differential=differential, allow=allow, no_allow=no_allow,
-                                  engine=engine, oracles=oracles, transport=transport))
+                                  engine=engine, oracles=oracles, transport=transport,
+                                  sweep_share=sweep_share))
 
 
 @app.command()
@@ -734,6 +740,30 @@ def fuzz_merge(
     from .fuzz.cli import merge_command
 
     raise typer.Exit(merge_command(console, out, folders))
+
+
+@app.command("fuzz-prep")
+def fuzz_prep(
+    pin: str = typer.Argument("p7", help="The pin whose in-process target is built elsewhere."),
+    seeds: Optional[Path] = typer.Option(None, "--seeds", help="Write the seed corpus here: "
+                                         "the generator's sessions and the whole sweep."),
+):
+    """For an OSS-Fuzz-style build outside the harness (ClusterFuzzLite's build.sh): fetch and
+    unpack the pin's sources (sha256-checked, cached) and print its llama.cpp tree."""
+    from .fuzz.libfuzzer.build import BuildError, pin_source
+    from .fuzz.libfuzzer.corpus import write_seed_corpus
+    from .fuzz.libfuzzer.engine import LibFuzzerConfig
+
+    try:
+        source, dialect = pin_source(pin)
+    except (BuildError, KeyError, ValueError) as e:
+        console.print(f"[red]{e}", highlight=False)
+        raise typer.Exit(2)
+    if seeds is not None:
+        seeds.mkdir(parents=True, exist_ok=True)
+        n = write_seed_corpus(seeds, dialect, sweep_max_len=LibFuzzerConfig.max_len)
+        print(f"{n} seeds in {seeds}", file=sys.stderr)
+    print(source)
 
 
 @app.command()

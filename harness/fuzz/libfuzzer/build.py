@@ -182,6 +182,16 @@ def build_target(pin_name: str, flavour: str = "libfuzzer", *, jobs: int = 2,
     return FuzzBuild(pin.name, flavour, entry, False, time.monotonic() - started)
 
 
+def pin_source(pin_name: str, progress=None) -> tuple[Path, str]:
+    """(the pin's unpacked llama.cpp tree, its dialect), fetched once into the work dir of its
+    libFuzzer target: what an outside OSS-Fuzz-style build compiles."""
+    pin = resolve_pin(pin_name)
+    if pin.kind != "sdist":
+        raise BuildError(f"{pin.name} is a prebuilt wheel: no sources to build a target from")
+    source, _ = _sources(pin, work_dir(pin.name, "libfuzzer"), as_progress(progress))
+    return source, pin.dialect or pin.proto
+
+
 def _sources(pin, work: Path, progress) -> tuple[Path, str | None]:
     """The pin's llama.cpp tree, unpacked once into ``work`` (renamed into place whole)."""
     done = work / "src.json"
