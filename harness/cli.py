@@ -10,6 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .proto.dialects import NEWEST, PRIMARY
+
 app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="Protocol test harness and interoperability matrix for ggml-rpc.")
 console = Console()
@@ -68,7 +70,7 @@ def dialects(
 
 @app.command()
 def serve(
-    proto: str = typer.Option("9.0.0", "--proto", help="Dialect: 7.0.0, 7.0.0+flags, 8.0.0, 9.0.0 "
+    proto: str = typer.Option(NEWEST.name, "--proto", help=f"Dialect: {', '.join(PRIMARY)} "
                               "(or any listed by `harness dialects`)."),
     host: str = typer.Option("127.0.0.1", help="Bind address (loopback unless you mean it)."),
     port: int = typer.Option(50052, help="TCP port (0 = any free port)."),

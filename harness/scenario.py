@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
+from .errors import HarnessError
 from .impls.driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, digest, make_fill
 from .proto import Cmd, Session
 from .strictness import DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING
@@ -176,7 +177,7 @@ def scenario(cls: S) -> S:
 
 # ---------------------------------------------------------------- running steps
 
-class Ended(Exception):
+class Ended(HarnessError):
     """The client ended or refused a step; ``observation`` says what that means."""
 
     def __init__(self, observation: Observation):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.conformance.cases import CATALOGUE_WIRE
 from harness.conformance.raw import CLOSED, OPEN, RawSession
 from harness.conformance.check import cases_for, run_all, run_case
 from harness.impls.registry import PeerError, get_peer
@@ -36,7 +37,7 @@ def test_expectations_are_the_recorded_outcomes():
 
 
 def test_the_catalogue_covers_every_8_0_0_command():
-    commands = {c.command for c in cases_for("8.0.0") if c.since == 8}
+    commands = {c.command for c in cases_for("8.0.0") if c.needs is not CATALOGUE_WIRE}
     for name in ("SET_TENSOR_2D", "GET_TENSOR_2D", "GRAPH_RECOMPUTE", "GRAPH_COMPUTE",
                  "COMM_FREE", "COMM_ALLREDUCE", "SET_TENSOR_HASH"):
         assert name in commands
@@ -48,7 +49,31 @@ def test_7_0_0_cases_keep_their_7_0_0_expectations():
     assert hash_null.expect_for("7.0.0+flags") == OPEN
     assert hash_null.expect_for("8.0.0") == CLOSED
     assert hash_null.expect_for("9.0.0") == CLOSED
-    assert not any(c.since == 8 for c in cases_for("7.0.0"))
+    assert not any(c.needs is not CATALOGUE_WIRE for c in cases_for("7.0.0"))
+
+
+def _trial_row():
+    """A throw-away "7.1.0": 7.0.0 with one behaviour of 8.0.0 (SET_TENSOR_HASH validates its
+    tensor). Nothing in the catalogue names a version, so the row alone must decide."""
+    d7 = get_dialect("7.0.0")
+    return dataclasses.replace(d7, name="7.1.0", version=(7, 1, 0), primary=False, alias=None,
+                               peer=dataclasses.replace(d7.peer, server_hash_checks_tensor=True))
+
+
+def test_expectations_follow_the_row_not_the_version():
+    trial = _trial_row()
+    by = {c.id: c for c in cases_for(trial)}
+    assert by["set-tensor-hash-null"].expect_for(trial) == CLOSED
+    assert {"hash-buffer-0", "hash-type-43"} <= set(by)  # the validation cases apply
+    assert "2d-roundtrip" not in by and "recompute-unknown-uid" not in by  # no 2D, no uid
+    # and the reference server of that row answers as the catalogue expects
+    srv = ReferenceServer(ServerConfig(trial), serial=True, out=io.StringIO(), err=io.StringIO())
+    srv.start()
+    try:
+        assert not _wrong(run_all(srv.host, srv.port, list(by.values()), dialect=trial,
+                                  observe_wait=0.2))
+    finally:
+        srv.stop()
 
 
 def _reference(dialect: str) -> ReferenceServer:

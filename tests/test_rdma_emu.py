@@ -179,7 +179,7 @@ def test_presets_follow_the_generations():
     assert config_for_dialect("7.0.0") is OLD and config_for_dialect("8.0.0") is OLD
     assert config_for_dialect("7.0.0+flags") is SEED000 and config_for_dialect("9.0.0") is V9
     with pytest.raises(ValueError):
-        RdmaConfig(recv_policy="eager")
+        RdmaConfig().with_(recv_policy="eager")
 
 
 # ---------------------------------------------------------------- endpoint mechanics

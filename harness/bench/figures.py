@@ -45,6 +45,7 @@ from ..impls.ref_client import RefClientDriver
 from ..impls.pins import PROJECT_ROOT
 from ..impls.registry import get_peer
 from ..impls.supervisor import ServerProcess, start_peer_server, start_reference_server
+from ..proto import NEWEST
 from .agent import BenchClientDriver, payload
 from .loopback import RawSink, raw_request_rate
 
@@ -185,7 +186,7 @@ def measure_transfers(cfg: BenchConfig, size: int, peer) -> list[Figure]:
         servers.append(c_for_ref)
         ref7 = start_reference_server(peer.proto)
         servers.append(ref7)
-        refd = start_reference_server("9.0.0")  # the reference peers' own (zero-copy) dialect
+        refd = start_reference_server(NEWEST.name)  # the reference peers' own (zero-copy) dialect
         servers.append(refd)
 
         agent = BenchClientDriver(peer.lib_dir, proto=peer.proto, step_timeout=STEP_TIMEOUT)
@@ -197,7 +198,7 @@ def measure_transfers(cfg: BenchConfig, size: int, peer) -> list[Figure]:
                      ne=[size // 4])
         ref_c = _RefSide(c_for_ref, peer.proto, size)
         refs.append(ref_c)
-        ref_ref = _RefSide(refd, "9.0.0", size)
+        ref_ref = _RefSide(refd, NEWEST.name, size)
         refs.append(ref_ref)
         sink = RawSink(size)
         data = payload(size)

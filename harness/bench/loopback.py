@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import subprocess
 import sys
 import time
@@ -21,12 +20,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ..proto import codec, get_dialect
+from ..proto.wire import U64
+from ..proto import DEFAULT, codec, get_dialect
 from ..proto import messages as m
 from ..transport.base import recv_exact_into
 from ..transport.tcp import tune_socket as _tune  # as TcpTransport: only Python work differs
 
-_LEN = struct.Struct("<Q")
 
 
 def _recv_exact(sock: socket.socket, view: memoryview) -> bool:
@@ -47,7 +46,7 @@ def sink_main(size: int) -> int:
         conn.settimeout(120)
         _tune(conn)
         while _recv_exact(conn, memoryview(hdr)):
-            (n,) = _LEN.unpack(hdr)
+            (n,) = U64.unpack(hdr)
             if n == 0 or n > size or not _recv_exact(conn, view[:n]):
                 break
             conn.sendall(b"\x01")
@@ -81,7 +80,7 @@ class RawSink:
         view = memoryview(self.data)[:n]
         ack = bytearray(1)
         t0 = time.perf_counter()
-        self.sock.sendall(_LEN.pack(n))
+        self.sock.sendall(U64.pack(n))
         self.sock.sendall(view)
         if not _recv_exact(self.sock, memoryview(ack)):
             raise ConnectionError("raw sink closed")
@@ -91,7 +90,7 @@ class RawSink:
         sock = getattr(self, "sock", None)
         if sock is not None:
             try:
-                sock.sendall(_LEN.pack(0))
+                sock.sendall(U64.pack(0))
             except OSError:
                 pass
             sock.close()
@@ -110,7 +109,7 @@ class RawSink:
         self.close()
 
 
-def raw_request_rate(host: str, port: int, dialect: str = "7.0.0", *, seconds: float = 2.0,
+def raw_request_rate(host: str, port: int, dialect: str = DEFAULT.name, *, seconds: float = 2.0,
                      batch: int = 256) -> float:
     """Requests per second one connection gets answered by a live server, pipelined.
 

@@ -22,10 +22,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
+from ..errors import HarnessError
+
 MEASURED, INFERRED, SKIPPED, FLAKY = "measured", "inferred", "skipped", "flaky"
 
 
-class BisectError(Exception):
+class BisectError(HarnessError):
     """The search cannot start or cannot decide (ends unstable, equal, or unbuildable)."""
 
 

@@ -21,10 +21,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable
 
+from .errors import CaptureError
+
 PREFIX = "ggml-rpc-loadprof"
 
 
-class LoadProfError(ValueError):
+class LoadProfError(CaptureError, ValueError):
     """A line carries the profiler's prefix but is not a well-formed record."""
 
 

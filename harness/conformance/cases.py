@@ -4,8 +4,8 @@ Each case rebuilds one entry of a real server's recorded catalogue with the code
 handles, so it runs against any server: the real binary, a user build or the reference peer.
 The 7.0.0 cases below come from fixtures/vectors/errors.json (titles kept verbatim in
 ``vector``); ``expect`` is the recorded outcome of the real 7.0.0 server, and ``changed`` says
-from which major on a later real build answers differently (recorded from p8 in
-fixtures/vectors/conformance-8.0.0.json). The cases only 8.0.0 and later have are in
+for which dialect rows (a predicate on their fields: :class:`Needs`) a later real build answers
+differently (recorded from p8 in fixtures/vectors/conformance-8.0.0.json). The cases only 8.0.0 and later have are in
 ``cases_8``.
 """
 
@@ -15,37 +15,73 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from ..proto import get_dialect, ggml, messages as m
+from ..proto.wire import U64
+from ..errors import HarnessError
+from ..proto import Cmd, get_dialect, ggml, messages as m
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
 
-U64 = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Needs:
+    """What a dialect row must have for a case to apply (or for an outcome to change): a
+    predicate on the row's fields, never on its name or version."""
+
+    what: str
+    holds: Callable[[Dialect], bool]
+
+
+# The recorded 7.0.0 catalogue's wire: SET_TENSOR with its cache_flag byte, HELLO with
+# conn_caps. Rows without them (before 7.0.0) were never recorded against these cases.
+CATALOGUE_WIRE = Needs("the 7.0.0 catalogue's wire", lambda d: d.cache_flag and d.hello_caps)
+# The server reads (validates) a SET_TENSOR_HASH tensor before its cache lookup.
+HASH_CHECKS_TENSOR = Needs("SET_TENSOR_HASH validates its tensor",
+                           lambda d: d.peer.server_hash_checks_tensor)
+# A tensor whose data lies outside its buffer closes the connection (7.0.0 aborts instead).
+TENSOR_BOUNDS_CLOSE = Needs("a tensor outside its buffer closes",
+                            lambda d: d.peer.server_tensor_bounds_close)
+GRAPH_UID = Needs("graphs keyed by uid", lambda d: d.graph_uid)
+
+
+def has_command(cmd: Cmd) -> Needs:
+    return Needs(f"has {cmd.value}", lambda d: d.has(cmd))
+
+
+def ids_end_at(last: int) -> Needs:
+    """The dialect's command table ends at ``last`` (so ``last + 1`` is unknown to it)."""
+    return Needs(f"command ids end at {last}", lambda d: max(d.ids) == last)
 
 
 @dataclass(frozen=True)
 class ConformanceCase:
     id: str
     vector: str  # the title of the recorded case (errors.json / state.json, or the 8.0.0 record)
-    expect: str  # CLOSED | OPEN | ANSWERED, as the oldest dialect the case applies to does it
+    expect: str  # CLOSED | OPEN | ANSWERED, where no ``changed`` entry holds
     run: Callable  # (new_session) -> the session to observe; may raise CaseError
     command: str  # the command the case is about (for coverage tables)
-    since: int = 7  # first major the case applies to (its commands and layouts exist there)
-    changed: tuple[tuple[int, str], ...] = ()  # (major, outcome): from that major on
+    needs: Needs = CATALOGUE_WIRE  # the rows the case applies to
+    changed: tuple[tuple[Needs, str], ...] = ()  # (needs, outcome): where it holds, the last wins
 
     def applies_to(self, dialect: Dialect | str) -> bool:
-        return get_dialect(dialect).version[0] >= self.since
+        d = get_dialect(dialect)
+        return CATALOGUE_WIRE.holds(d) and self.needs.holds(d)
 
     def expect_for(self, dialect: Dialect | str) -> str:
-        major = get_dialect(dialect).version[0]
+        d = get_dialect(dialect)
         outcome = self.expect
-        for since, later in sorted(self.changed):
-            if major >= since:
+        for needs, later in self.changed:
+            if needs.holds(d):
                 outcome = later
         return outcome
 
 
-class CaseError(AssertionError):
+class ConformanceError(HarnessError):
+    """The root of harness.conformance's errors."""
+
+
+class CaseError(ConformanceError):
     """An intermediate answer differed from what the case needs (not the outcome itself)."""
 
 
@@ -73,10 +109,10 @@ def _check(cond: bool, what: str) -> None:
 CASES: list[ConformanceCase] = []
 
 
-def case(id: str, vector: str, expect: str, command: str, *, since: int = 7,
-         changed: tuple[tuple[int, str], ...] = ()):
+def case(id: str, vector: str, expect: str, command: str, *, needs: Needs = CATALOGUE_WIRE,
+         changed: tuple[tuple[Needs, str], ...] = ()):
     def deco(fn):
-        CASES.append(ConformanceCase(id, vector, expect, fn, command, since, changed))
+        CASES.append(ConformanceCase(id, vector, expect, fn, command, needs, changed))
         return fn
     return deco
 
@@ -314,7 +350,7 @@ def _(new):
 
 # 7.0.0 looks the hash up before it reads the tensor; 8.0.0 reads (and validates) it first.
 @case("set-tensor-hash-null", "SET_TENSOR_HASH all-zero tensor (no-cache server)", OPEN,
-      "SET_TENSOR_HASH", changed=((8, CLOSED),))
+      "SET_TENSOR_HASH", changed=((HASH_CHECKS_TENSOR, CLOSED),))
 def _(new):
     s = new()
     s.hello()

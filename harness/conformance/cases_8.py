@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import struct
 
-from ..proto import ggml, messages as m
-from .cases import CaseError, _check, _f32, _frame, case
+from ..proto import Cmd, ggml, messages as m
+from .cases import (GRAPH_UID, HASH_CHECKS_TENSOR, TENSOR_BOUNDS_CLOSE, CaseError, _check,
+                    _f32, _frame, case, has_command, ids_end_at)
 from .raw import CLOSED, OPEN, RawSession
 
 ADD = ggml.OP["ADD"]
@@ -42,7 +43,7 @@ def _set_floats(s: RawSession, t, *values: float) -> None:
 
 # ---------------------------------------------------------------- tensor validation
 @case("set-tensor-tensor-outside-buffer", "SET_TENSOR tensor with elements past its buffer, "
-      "write inside the buffer", CLOSED, "SET_TENSOR", since=8)
+      "write inside the buffer", CLOSED, "SET_TENSOR", needs=TENSOR_BOUNDS_CLOSE)
 def _(new):
     s, h, base = _opened(new)
     s.request(m.SetTensorRequest(_f32(h, base + 240, ne=(16,)), 0, 0, bytes(4)))
@@ -50,7 +51,7 @@ def _(new):
 
 
 @case("init-tensor-outside-buffer", "INIT_TENSOR tensor with elements past its buffer", CLOSED,
-      "INIT_TENSOR", since=8)
+      "INIT_TENSOR", needs=TENSOR_BOUNDS_CLOSE)
 def _(new):
     s, h, base = _opened(new)
     s.request(m.InitTensorRequest(_f32(h, base + 240, ne=(16,))))
@@ -58,7 +59,7 @@ def _(new):
 
 
 @case("hash-valid-tensor-no-cache", "SET_TENSOR_HASH valid tensor (no-cache server)", OPEN,
-      "SET_TENSOR_HASH", since=8)
+      "SET_TENSOR_HASH", needs=HASH_CHECKS_TENSOR)
 def _(new):
     s, h, base = _opened(new)
     r = s.call(m.SetTensorHashRequest(_f32(h, base), 0, 0x7B))
@@ -67,7 +68,7 @@ def _(new):
 
 
 def _hash_case(cid: str, title: str, make_tensor):
-    @case(cid, f"SET_TENSOR_HASH {title} (no-cache server)", CLOSED, "SET_TENSOR_HASH", since=8)
+    @case(cid, f"SET_TENSOR_HASH {title} (no-cache server)", CLOSED, "SET_TENSOR_HASH", needs=HASH_CHECKS_TENSOR)
     def _(new):
         s, h, base = _opened(new)
         s.request(m.SetTensorHashRequest(make_tensor(h, base), 0, 0x7B))
@@ -82,7 +83,7 @@ _hash_case("hash-tensor-outside-buffer", "tensor past its buffer",
 
 
 @case("hash-offset-past-end", "SET_TENSOR_HASH offset past the buffer (no-cache server)", OPEN,
-      "SET_TENSOR_HASH", since=8)
+      "SET_TENSOR_HASH", needs=HASH_CHECKS_TENSOR)
 def _(new):
     s, h, base = _opened(new)
     r = s.call(m.SetTensorHashRequest(_f32(h, base), 1000, 0x7B))
@@ -92,7 +93,7 @@ def _(new):
 
 # ---------------------------------------------------------------- SET_TENSOR_2D / GET_TENSOR_2D
 @case("2d-roundtrip", "SET_TENSOR_2D 2 copies of 8 bytes, stride 16, read back", OPEN,
-      "SET_TENSOR_2D", since=8)
+      "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
 def _(new):
     s, h, base = _opened(new)
     t = _f32(h, base, ne=(64,))
@@ -106,7 +107,7 @@ def _(new):
 
 
 @case("2d-overlapping-stride", "SET_TENSOR_2D stride 4 < size 8 (copies overlap, later wins)",
-      OPEN, "SET_TENSOR_2D", since=8)
+      OPEN, "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
 def _(new):
     s, h, base = _opened(new)
     t = _f32(h, base, ne=(64,))
@@ -118,7 +119,7 @@ def _(new):
 
 def _bad_2d(cid: str, title: str, offset: int, size: int, n: int, stride: int, data: bytes,
             ne: int = 64):
-    @case(cid, f"SET_TENSOR_2D {title}", CLOSED, "SET_TENSOR_2D", since=8)
+    @case(cid, f"SET_TENSOR_2D {title}", CLOSED, "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
     def _(new):
         s, h, base = _opened(new)
         s.request(m.SetTensor2DRequest(_f32(h, base, ne=(ne,)), offset, size, n, stride, data))
@@ -134,7 +135,7 @@ _bad_2d("2d-span-outside-tensor", "second copy past the tensor, inside the buffe
 
 
 @case("2d-short-header", "SET_TENSOR_2D 327-byte payload (header is 328)", CLOSED,
-      "SET_TENSOR_2D", since=8)
+      "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
     s.send(_frame(18, bytes(327)))
@@ -142,7 +143,7 @@ def _(new):
 
 
 def _bad_get_2d(cid: str, title: str, size: int, n: int, stride: int):
-    @case(cid, f"GET_TENSOR_2D {title}", CLOSED, "GET_TENSOR_2D", since=8)
+    @case(cid, f"GET_TENSOR_2D {title}", CLOSED, "GET_TENSOR_2D", needs=has_command(Cmd.GET_TENSOR_2D))
     def _(new):
         s, h, base = _opened(new)
         s.request(m.GetTensor2DRequest(_f32(h, base, ne=(64,)), 0, size, n, stride))
@@ -155,7 +156,7 @@ _bad_get_2d("get-2d-outside-buffer", "second copy past the buffer", 8, 2, 250)
 
 
 @case("get-2d-len-329", "GET_TENSOR_2D 329-byte payload (expects 328)", CLOSED,
-      "GET_TENSOR_2D", since=8)
+      "GET_TENSOR_2D", needs=has_command(Cmd.GET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
     s.send(_frame(19, bytes(329)))
@@ -164,7 +165,7 @@ def _(new):
 
 # ---------------------------------------------------------------- graphs by uid
 @case("recompute-unknown-uid", "GRAPH_RECOMPUTE uid never computed", CLOSED, "GRAPH_RECOMPUTE",
-      since=8)
+      needs=GRAPH_UID)
 def _(new):
     s = new()
     s.hello()
@@ -173,7 +174,7 @@ def _(new):
 
 
 @case("recompute-known-uid", "GRAPH_RECOMPUTE of a computed uid reruns it on new inputs", OPEN,
-      "GRAPH_RECOMPUTE", since=8)
+      "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     graph, a, c = _add_graph(h, base, 5)
@@ -187,7 +188,7 @@ def _(new):
 
 
 @case("recompute-uid-0", "GRAPH_RECOMPUTE uid 0 after computing uid 0 (uid 0 is never cached)",
-      CLOSED, "GRAPH_RECOMPUTE", since=8)
+      CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     s.request(_add_graph(h, base, 0)[0])
@@ -196,7 +197,7 @@ def _(new):
 
 
 @case("recompute-after-free-8", "GRAPH_RECOMPUTE of a known uid after FREE_BUFFER of its buffer",
-      CLOSED, "GRAPH_RECOMPUTE", since=8)
+      CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     s.request(_add_graph(h, base, 5)[0])
@@ -206,7 +207,7 @@ def _(new):
 
 
 @case("recompute-after-free-other", "GRAPH_RECOMPUTE of a known uid after FREE_BUFFER of another "
-      "buffer (every cached graph is dropped)", CLOSED, "GRAPH_RECOMPUTE", since=8)
+      "buffer (every cached graph is dropped)", CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     other = s.call(m.AllocBufferRequest(0, 64)).remote_ptr
@@ -217,7 +218,7 @@ def _(new):
 
 
 @case("uid-reuse", "GRAPH_COMPUTE of another graph under a cached uid replaces it", OPEN,
-      "GRAPH_COMPUTE", since=8)
+      "GRAPH_COMPUTE", needs=GRAPH_UID)
 def _(new):
     s = new()
     s.hello()
@@ -243,7 +244,7 @@ def _fill_graph_cache(s: RawSession, h: int, base: int, count: int) -> None:
 
 
 @case("graph-cache-full-keeps", f"GRAPH_RECOMPUTE uid 1 after {GRAPH_CACHE_MAX} graphs (cache "
-      "full, not yet cleared)", OPEN, "GRAPH_RECOMPUTE", since=8)
+      "full, not yet cleared)", OPEN, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     _fill_graph_cache(s, h, base, GRAPH_CACHE_MAX)
@@ -252,7 +253,7 @@ def _(new):
 
 
 @case("graph-cache-cleared", f"GRAPH_RECOMPUTE uid 1 after {GRAPH_CACHE_MAX + 1} graphs (the "
-      "insert past the limit cleared the cache)", CLOSED, "GRAPH_RECOMPUTE", since=8)
+      "insert past the limit cleared the cache)", CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     _fill_graph_cache(s, h, base, GRAPH_CACHE_MAX + 1)
@@ -261,7 +262,7 @@ def _(new):
 
 
 @case("graph-cache-newest-survives", f"GRAPH_RECOMPUTE of graph {GRAPH_CACHE_MAX + 1} after the "
-      "cache was cleared for it", OPEN, "GRAPH_RECOMPUTE", since=8)
+      "cache was cleared for it", OPEN, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
     _fill_graph_cache(s, h, base, GRAPH_CACHE_MAX + 1)
@@ -270,7 +271,7 @@ def _(new):
 
 
 @case("recompute-len-4", "GRAPH_RECOMPUTE 4-byte payload (7.0.0 layout; 8.0.0 expects 12)",
-      CLOSED, "GRAPH_RECOMPUTE", since=8)
+      CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s = new()
     s.hello()
@@ -278,7 +279,7 @@ def _(new):
     return s
 
 
-@case("recompute-device-1", "GRAPH_RECOMPUTE device=1", CLOSED, "GRAPH_RECOMPUTE", since=8)
+@case("recompute-device-1", "GRAPH_RECOMPUTE device=1", CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s = new()
     s.hello()
@@ -287,7 +288,7 @@ def _(new):
 
 
 @case("graph-7-layout", "GRAPH_COMPUTE in the 7.0.0 layout (no uid) to an 8.0.0 server", CLOSED,
-      "GRAPH_COMPUTE", since=8)
+      "GRAPH_COMPUTE", needs=GRAPH_UID)
 def _(new):
     s = new()
     s.hello()
@@ -297,7 +298,7 @@ def _(new):
 
 # ---------------------------------------------------------------- communicator (no COMM_INIT:
 # a rank-0 COMM_INIT makes the real server listen on every interface, spec 15.15)
-@case("comm-free-without-init", "COMM_FREE without a communicator", OPEN, "COMM_FREE", since=8)
+@case("comm-free-without-init", "COMM_FREE without a communicator", OPEN, "COMM_FREE", needs=has_command(Cmd.COMM_FREE))
 def _(new):
     s = new()
     s.hello()
@@ -306,7 +307,7 @@ def _(new):
     return s
 
 
-@case("comm-free-device-1", "COMM_FREE device=1", CLOSED, "COMM_FREE", since=8)
+@case("comm-free-device-1", "COMM_FREE device=1", CLOSED, "COMM_FREE", needs=has_command(Cmd.COMM_FREE))
 def _(new):
     s = new()
     s.hello()
@@ -315,14 +316,14 @@ def _(new):
 
 
 @case("comm-allreduce-without-init", "COMM_ALLREDUCE without a communicator", CLOSED,
-      "COMM_ALLREDUCE", since=8)
+      "COMM_ALLREDUCE", needs=has_command(Cmd.COMM_ALLREDUCE))
 def _(new):
     s, h, base = _opened(new)
     s.request(m.CommAllreduceRequest(0, _f32(h, base)))
     return s
 
 
-@case("cmd-23", "cmd 23 (RPC_CMD_NONE in 8.0.0)", CLOSED, "cmd 23", since=8)
+@case("cmd-23", "cmd 23 (RPC_CMD_NONE in 8.0.0)", CLOSED, "cmd 23", needs=ids_end_at(22))
 def _(new):
     s = new()
     s.hello()

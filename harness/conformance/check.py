@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from . import cases_8  # noqa: F401  (registers the 8.0.0 cases)
 from .cases import CASES, CaseError, ConformanceCase
+from ..proto import DEFAULT
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
 
 
@@ -21,7 +22,7 @@ class CaseResult:
         return self.outcome == self.expected
 
 
-def run_case(case: ConformanceCase, host: str, port: int, *, dialect: str = "7.0.0",
+def run_case(case: ConformanceCase, host: str, port: int, *, dialect: str = DEFAULT.name,
              timeout: float = 5.0, observe_wait: float = 0.5) -> CaseResult:
     opened: list[RawSession] = []
 
@@ -54,7 +55,7 @@ def cases_for(dialect: str) -> list[ConformanceCase]:
     return [c for c in CASES if c.applies_to(dialect)]
 
 
-def run_all(host: str, port: int, cases=None, *, dialect: str = "7.0.0", **kw) -> list[CaseResult]:
+def run_all(host: str, port: int, cases=None, *, dialect: str = DEFAULT.name, **kw) -> list[CaseResult]:
     return [run_case(c, host, port, dialect=dialect, **kw) for c in (cases or cases_for(dialect))]
 
 

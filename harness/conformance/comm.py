@@ -25,7 +25,10 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from ..proto import get_dialect, messages as m
+from ..proto import Cmd, first_with, get_dialect, messages as m
+
+# The communicator commands' first dialect: what these helpers speak unless told.
+COMM_DIALECT = first_with(Cmd.COMM_INIT).name
 from .cases import CaseError, _check, _f32
 from .raw import CLOSED, OPEN, RawSession
 
@@ -270,7 +273,7 @@ class PairResult:
                 "outcomes": list(self.outcomes), "facts": self.facts}
 
 
-def run_pair_case(case: PairCase, servers, *, dialect: str = "8.0.0",
+def run_pair_case(case: PairCase, servers, *, dialect: str = COMM_DIALECT,
                   observe_wait: float = 0.5, free_port: Callable[[], int]) -> PairResult:
     """Run ``case`` on a fresh pair from ``servers()`` (a context manager of two endpoints)."""
     with servers() as endpoints:
@@ -297,7 +300,7 @@ def _free_port() -> int:
 
 
 @contextmanager
-def reference_servers(dialect: str = "8.0.0", *, count: int = 2, comm_timeout: float = 5.0
+def reference_servers(dialect: str = COMM_DIALECT, *, count: int = 2, comm_timeout: float = 5.0
                       ) -> Iterator[tuple[tuple[str, int], ...]]:
     """``count`` in-process reference servers (serial, as the real one)."""
     from ..reference.server import ReferenceServer
@@ -328,7 +331,7 @@ def real_servers(peer, *, count: int = 2) -> Iterator[list]:
 
 
 @contextmanager
-def mixed_servers(peer, real_rank: int, dialect: str = "8.0.0"
+def mixed_servers(peer, real_rank: int, dialect: str = COMM_DIALECT
                   ) -> Iterator[tuple[tuple[str, int], tuple[str, int]]]:
     """One real server (at ``real_rank``) and one reference server."""
     with real_servers(peer, count=1) as (proc,), reference_servers(dialect, count=1) as (ref,):
@@ -372,7 +375,7 @@ def real_client_comm_init(lib_dir, endpoints: list[str], timeout: float = 60.0):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def record_comm(peer, dialect: str = "8.0.0", *, observe_wait: float = 0.5) -> dict:
+def record_comm(peer, dialect: str = COMM_DIALECT, *, observe_wait: float = 0.5) -> dict:
     results = [run_pair_case(c, real_pair(peer), dialect=dialect, observe_wait=observe_wait,
                              free_port=_free_port) for c in PAIR_CASES]
     return {

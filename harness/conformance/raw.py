@@ -10,13 +10,13 @@ import time
 from ..proto import (ClientConnection, NEED_DATA, Response, get_dialect, pack_request,
                      response_payload_size)
 from ..proto import messages as m
-from ..proto.dialects import Dialect
+from ..proto.dialects import DEFAULT, Dialect
 
 CLOSED, OPEN, ANSWERED = "closed", "open", "answered"
 
 
 class RawSession:
-    def __init__(self, host: str, port: int, *, dialect: Dialect | str = "7.0.0",
+    def __init__(self, host: str, port: int, *, dialect: Dialect | str = DEFAULT,
                  timeout: float = 5.0):
         self.dialect = get_dialect(dialect)
         self.timeout = timeout

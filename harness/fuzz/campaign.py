@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 from hypothesis import strategies as st
 from hypothesis import target as hyp_target
 
+from .errors import FuzzError
 from ..impls.supervisor import exit_on_sigterm, terminated
 from .case import Case
 from .evolve import Corpus, behaviour, mutate
@@ -112,7 +113,7 @@ def campaign_id(target_name: str) -> str:
 
 # ---------------------------------------------------------------- worker
 
-class _Found(Exception):
+class _Found(FuzzError):
     """Raised inside the hypothesis test: this example broke the target (being shrunk)."""
 
 

@@ -14,17 +14,16 @@ the field it sits in (tensor.data, tensor.buffer, remote_ptr, a src id...).
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple
 
+from ..proto.wire import U64
 from ..proto import (Cmd, ConnectionClosed, Data, EndOfMessage, NEED_DATA, Request, RequestHead,
                      RequestReader, get_dialect, response_payload_size)
 from ..proto.dialects import Dialect
 from ..proto.errors import ProtocolError
 
 U64_MAX = (1 << 64) - 1
-_U64 = struct.Struct("<Q")
 
 HANDLE, BASE = "handle", "base"
 SENTINEL = {HANDLE: 0x0AA5_D000_0000_0000, BASE: 0x0BA5_E000_0000_0000}
@@ -69,7 +68,7 @@ def find_relocs(frame: bytes) -> tuple[Reloc, ...]:
         while pos >= 0:
             start = pos - 6
             if start + 8 <= len(frame) and (start >= _PAYLOAD or start == _SIZE_FIELD):
-                (v,) = _U64.unpack_from(frame, start)
+                (v,) = U64.unpack_from(frame, start)
                 index = (v - base + BUFFER_SPACING // 2) // BUFFER_SPACING
                 addend = v - base - index * BUFFER_SPACING
                 if 0 <= index < MAX_BUFFERS and abs(addend) < RELOC_WINDOW:
@@ -91,7 +90,7 @@ def relocate(frame: bytes, relocs: Iterable[Reloc], live: dict[str, list[int]]) 
     for r in relocs:
         values = live[r.kind]
         v = values[r.index] if r.index < len(values) else 0
-        _U64.pack_into(buf, r.offset, (v + r.addend) & U64_MAX)
+        U64.pack_into(buf, r.offset, (v + r.addend) & U64_MAX)
     return bytes(buf)
 
 

@@ -44,7 +44,7 @@ from ..impls.registry import PeerError, get_peer
 from ..reference.knobs import Misbehaviour
 from ..reference.server import ReferenceServer
 from ..reference.server_core import ServerConfig
-from ..proto import get_dialect
+from ..proto import DEFAULT, get_dialect
 from . import strategies as rst
 from .target import Signature, TargetError, normalise, signal_text
 
@@ -85,7 +85,7 @@ def scenario(endpoint: str) -> list[dict]:
 
 
 @st.composite
-def knob_sets(draw, dialect: str = "7.0.0") -> dict:
+def knob_sets(draw, dialect: str = DEFAULT.name) -> dict:
     """One or two misbehaviours of the server, as ``Misbehaviour`` fields (JSON-safe)."""
     d = get_dialect(dialect)
     out: dict = {}
@@ -196,7 +196,7 @@ def _peer_client(name: str) -> tuple[Path, str, str]:
         raise TargetError(str(e)) from None
     if not peer.available or peer.lib_dir is None:
         raise TargetError(f"peer {name} has no client library here: {peer.reason}")
-    proto = peer.proto or peer.verified_proto or "7.0.0"
+    proto = peer.proto or peer.verified_proto or DEFAULT.name
     return Path(peer.lib_dir), proto, get_dialect(proto).name
 
 

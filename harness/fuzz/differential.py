@@ -35,7 +35,6 @@ import json
 import random
 import re
 import shutil
-import struct
 import tempfile
 import time
 from dataclasses import asdict, dataclass
@@ -46,6 +45,8 @@ import yaml
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 
+from ..proto.wire import U64, iter_response_payloads
+from .errors import FuzzError
 from ..capture.pcap import write_pcap
 from ..impls.pins import PROJECT_ROOT
 from .campaign import SWEEP_SHARE, Progress, _is_hypothesis_error
@@ -63,7 +64,6 @@ from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, Tar
                      normalise, slug)
 
 FORMAT = "ggml-rpc-fuzz-divergence/1"
-_U64 = struct.Struct("<Q")
 _LEARNED = {"ALLOC_BUFFER": (0,), "BUFFER_GET_BASE": (0,)}  # u64 words holding heap addresses
 
 #: Differences that are not bugs: the same on every run of any two builds.
@@ -84,7 +84,7 @@ DEFAULT_ALLOW: list[dict] = [
 ]
 
 
-class DifferentialError(ValueError):
+class DifferentialError(FuzzError, ValueError):
     """Bad differential set-up (allow-list file, targets of different dialects)."""
 
 
@@ -141,18 +141,9 @@ def load_allow(path: Path | None, *, defaults: bool = True,
 def answers(case: Case, out: Outcome) -> list[tuple[int, str, bytes]]:
     """(step, command, payload) of every answer in the recorded run, in order."""
     stream = b"".join(data for d, _, data in (out.log or []) if d == "s2c")
-    result, pos = [], 0
-    for i, s in enumerate(case.steps):
-        for _ in s.expect:
-            if pos + 8 > len(stream):
-                return result
-            (n,) = _U64.unpack_from(stream, pos)
-            payload = stream[pos + 8:pos + 8 + n]
-            pos += 8 + n
-            result.append((i, s.cmd, payload))
-            if len(payload) < n:  # beyond what the transcript keeps
-                return result
-    return result
+    payloads = iter_response_payloads(stream)  # the last may be cut: beyond what is kept
+    steps = ((i, s.cmd) for i, s in enumerate(case.steps) for _ in s.expect)
+    return [(i, cmd, payload) for (i, cmd), (_, payload) in zip(steps, payloads)]
 
 
 def _renamed(cmd: str, payload: bytes) -> bytes:
@@ -163,8 +154,8 @@ def _renamed(cmd: str, payload: bytes) -> bytes:
     buf = bytearray(payload)
     for w in words:
         if len(buf) >= 8 * (w + 1):
-            v = _U64.unpack_from(buf, 8 * w)[0]
-            _U64.pack_into(buf, 8 * w, 1 if v else 0)
+            v = U64.unpack_from(buf, 8 * w)[0]
+            U64.pack_into(buf, 8 * w, 1 if v else 0)
     return bytes(buf)
 
 

@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import select
 import socket
-import struct
 import time
 from dataclasses import dataclass, field
 
+from ..proto.wire import U64
+from .errors import FuzzError
 from .case import BASE, HANDLE, Case, relocate
 
-_U64 = struct.Struct("<Q")
 
 # Outcome statuses
 OK = "ok"  # every due response arrived with the right length; the server still listens
@@ -76,7 +76,7 @@ class Outcome:
         return min(self.proven, last), last
 
 
-class _Ended(Exception):
+class _Ended(FuzzError):
     def __init__(self, status: str, detail: str):
         self.status = status
         self.detail = detail
@@ -224,7 +224,7 @@ class Executor:
 
     def _read_response(self, sock, size: int, s, out: Outcome) -> None:
         head = self._read_exact(sock, 8, out, f"answer to {s.cmd}")
-        (n,) = _U64.unpack_from(head)
+        (n,) = U64.unpack_from(head)
         if n != size:
             raise _Ended(PROTOCOL, f"{s.cmd} answered with a {n}-byte payload, the spec says "
                                    f"{size}")

@@ -27,9 +27,10 @@ from functools import lru_cache
 
 from hypothesis import strategies as st
 
+from .errors import FuzzError
 from ..proto import Cmd, RpcTensor, get_dialect, ggml, nbytes, pack_request
 from ..proto import messages as m
-from ..proto.dialects import Dialect
+from ..proto.dialects import DEFAULT, Dialect
 from . import strategies as rst
 from .case import BASE, HANDLE, Case, annotate, sentinel, step
 
@@ -136,7 +137,7 @@ def _tensor_in(c: _Choices, model: _Model, i: int) -> RpcTensor:
     return rec.with_(buffer=region.handle, data=region.base + c.int(0, slots) * _ALIGN)
 
 
-class _NeedBuffer(Exception):
+class _NeedBuffer(FuzzError):
     """A rule needs a live buffer big enough for its tensors: allocate one first."""
 
 
@@ -421,7 +422,7 @@ def _mutation_step(mut: rst.Mutation):
 # ---------------------------------------------------------------- cases
 
 @st.composite
-def cases(draw, dialect: Dialect | str = "7.0.0", *, max_steps: int = 32,
+def cases(draw, dialect: Dialect | str = DEFAULT, *, max_steps: int = 32,
           max_mutations: int = 3, mutation_odds: int = 8, local_only: bool = False) -> Case:
     """One connection's worth of steps (see the module docstring).
 

@@ -18,6 +18,7 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from .errors import FuzzError
 from ..capture.transcript import Transcript
 from .report import build_report_from_parts, write_report
 
@@ -25,7 +26,7 @@ _SUMMED = ("messages_sent", "bytes_sent", "cases", "generated_cases", "evolved_c
            "restarts", "shrink_attempts", "verdicts", "duplicates", "unconfirmed", "workers")
 
 
-class MergeError(ValueError):
+class MergeError(FuzzError, ValueError):
     """The folders cannot be merged (no report, different targets)."""
 
 

@@ -41,8 +41,8 @@ from pathlib import Path
 
 import psutil
 
-from ..proto import (Cmd, ConnectionClosed, Data, EndOfMessage, NEED_DATA, Request, RequestHead,
-                     RequestReader, get_dialect)
+from ..proto import (DEFAULT, Cmd, ConnectionClosed, Data, EndOfMessage, NEED_DATA, Request,
+                     RequestHead, RequestReader, get_dialect)
 from ..proto.codec import pack_request
 from ..proto.messages import GetAlignmentRequest
 from ..transport.tcp import recv_exact
@@ -438,7 +438,7 @@ class Oracles:
 
     def _holding_one_byte_freezes(self) -> bool:
         t = self.target
-        byte = pack_request(get_dialect(t.dialect or "7.0.0"), GetAlignmentRequest())[:1]
+        byte = pack_request(get_dialect(t.dialect or DEFAULT.name), GetAlignmentRequest())[:1]
         return _hello_then(t, self.limits.freeze_wait, lambda held: not _answers_hello(
             t, self.limits.freeze_wait, unblock=lambda: _close(held)), tail=byte)
 
@@ -521,7 +521,7 @@ def _slowest_command(case: Case, out: Outcome) -> str:
 
 def _hello_frame(target: Target) -> bytes:
     from .strategies import hello_request_frame
-    return hello_request_frame(target.dialect or "7.0.0")
+    return hello_request_frame(target.dialect or DEFAULT.name)
 
 
 def _answers_hello(target: Target, timeout: float, *, unblock=None) -> bool:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..capture.transcript import C2S, Transcript
+from ..proto import DEFAULT
 from . import sanitizer
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
@@ -99,7 +100,8 @@ def load(path: str | Path) -> tuple[Case, Signature | None, dict]:
         tr = Transcript.load(path)
         meta = tr.meta.get("fuzz") if isinstance(tr.meta, dict) else None
         if not meta:
-            dialect = tr.meta.get("dialect", "7.0.0") if isinstance(tr.meta, dict) else "7.0.0"
+            dialect = tr.meta.get("dialect", DEFAULT.name) if isinstance(tr.meta, dict) \
+                else DEFAULT.name
             steps = tuple(step(c.data or bytes(c.length), "RAW") for c in tr.stream(C2S))
             return annotate(dialect, steps), None, {}
     case = Case.from_json(meta["case"])

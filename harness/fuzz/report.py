@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 from . import strategies as rst
-from ..proto import Cmd
+from ..proto import DEFAULT, Cmd
 from .triage import root_cause_lines, root_causes
 
 
@@ -24,7 +24,7 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
     frames = progress.total("frames")
     cases = progress.total("cases")
     dialect = next((w.get("dialect") for w in progress.workers.values() if w.get("dialect")),
-                   spec.dialect or "7.0.0")
+                   spec.dialect or DEFAULT.name)
     coverage = progress.merged("coverage")
     findings = sorted(progress.findings, key=lambda f: f.get("found_after_s", 0))
     for f in findings:

@@ -35,12 +35,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .errors import FuzzError
 from ..impls.driver import ExitInfo
 from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
     start_reference_server
-from ..proto import Cmd, dialect_for_version, get_dialect
+from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
 from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
@@ -52,7 +53,7 @@ DEFAULT_RSS_LIMIT = 1 << 30
 REFERENCE_MEMORY = "256M"  # the reference server's buffer budget under fuzzing
 
 
-class TargetError(RuntimeError):
+class TargetError(FuzzError, RuntimeError):
     """The target cannot be resolved or started."""
 
 
@@ -280,7 +281,7 @@ class TargetSpec:
             return cls("docker", "docker-" + slug(knob_text), _dialect_or_none(dialect),
                        image=knob_text)
         if head == "ref" or head.startswith("ref-"):
-            name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else "7.0.0"))
+            name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else DEFAULT.name))
             if name is None:
                 raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
             knobs = tuple(k.strip() for k in knob_text.split(",") if k.strip())
@@ -660,7 +661,7 @@ class Target:
     def answers_hello(self, timeout: float = 2.0) -> bool:
         """A throwaway connection that only says HELLO: is the server serving?"""
         from .strategies import hello_request_frame
-        frame = hello_request_frame(self.dialect or "7.0.0")
+        frame = hello_request_frame(self.dialect or DEFAULT.name)
         try:
             with socket.create_connection((self.host, self.port), timeout=timeout) as s:
                 s.sendall(frame)

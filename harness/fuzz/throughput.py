@@ -11,17 +11,16 @@ For ``harness bench`` (the issue's bar is >= 2,000 messages/s against a live C s
 from __future__ import annotations
 
 import socket
-import struct
 import time
 from pathlib import Path
 import tempfile
 
+from ..proto.wire import U64
 from ..transport.base import recv_exact_into
 from .case import BASE, HANDLE, annotate, relocate
 from .generate import steady_session
 from .target import Target, TargetSpec
 
-_U64 = struct.Struct("<Q")
 BUFFER_SIZES = (65536, 4096, 1024)
 
 
@@ -48,7 +47,7 @@ def measure_on(host: str, port: int, dialect: str, *, seconds: float = 5.0,
             for size in s.expect:
                 _recv_exact(sock, view, 8 + size)
                 if s.learn:
-                    live[s.learn[0]][s.learn[1]] = _U64.unpack_from(scratch, 8)[0]
+                    live[s.learn[0]][s.learn[1]] = U64.unpack_from(scratch, 8)[0]
         # Batches of ready bytes, each ending at a request with an answer.
         batches: list[tuple[bytes, int, int]] = []  # (bytes, frames, answer bytes)
         pending, frames = [], 0

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..reference.knobs import Misbehaviour
-from ..proto.dialects import get_dialect
+from ..proto.dialects import DEFAULT, get_dialect
 from .driver import ClientDriver
 from .supervisor import ServerProcess, ServerStartError, start_peer_server, \
     start_reference_server
@@ -141,7 +141,7 @@ def adapter_for_peer(pin: str) -> Adapter:
     """An adapter for a registry peer by name (the releases matrix uses every built pin)."""
     from .registry import get_peer
     peer = get_peer(pin)
-    dialect = peer.proto or peer.verified_proto or "7.0.0"
+    dialect = peer.proto or peer.verified_proto or DEFAULT.name
     from ..proto.dialects import dialect_for_version
     d = dialect_for_version(tuple(int(x) for x in dialect.split(".")))
     return Adapter(name=pin, kind=peer.kind if peer.kind != "wheel" else "pin",

@@ -11,8 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import HarnessError
 
-class ImplError(RuntimeError):
+
+class ImplError(HarnessError, RuntimeError):
     """Root of the errors raised while finding, building, starting or driving an implementation."""
 
 

@@ -8,15 +8,14 @@ mismatch makes the cell an error ("misconfigured"), not an incompatibility.
 
 from __future__ import annotations
 
-import struct
 
+from ..proto.wire import REQUEST_HEAD
 from ..capture.transcript import C2S, Transcript
 from ..reference.profile import HASH_ALWAYS, HASH_IF_FLAG, profile_for
 from ..proto import HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd, Session, get_dialect
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
 from ..proto.tensor import nbytes
 
-_FRAME_HEAD = struct.Struct("<BQ")  # command byte, u64 payload length
 
 
 def server_label_mismatch(server_dialect: str, sessions: list[Session]) -> str | None:
@@ -43,11 +42,11 @@ def client_label_mismatch(client_dialect: str, transcripts: list[Transcript],
     """
     d = get_dialect(client_dialect)
     for i, (tr, seen) in enumerate(zip(transcripts, sessions)):
-        head = _first_bytes(tr, _FRAME_HEAD.size)
-        if len(head) < _FRAME_HEAD.size:
+        head = _first_bytes(tr, REQUEST_HEAD.size)
+        if len(head) < REQUEST_HEAD.size:
             continue  # nothing (or not even a frame header) sent: no statement about a dialect
         where = f"client labelled {d.name}, connection {i}"
-        cmd, caps = _FRAME_HEAD.unpack(head)
+        cmd, caps = REQUEST_HEAD.unpack(head)
         if cmd != HELLO_ID:
             return f"{where}: opened with command byte {cmd}, not HELLO"
         want = CONN_CAPS_SIZE if d.hello_caps else 0

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 import scenarios  # noqa: F401 - importing the package registers every scenario
 
+from .errors import MatrixError
 from ..reference.knobs import parse_knobs
 from ..proto.dialects import DIALECTS, get_dialect
 from ..scenario import OUTCOMES, SCENARIOS
@@ -177,10 +178,6 @@ class Matrix(_Strict):
             if mine != theirs:
                 raise ValueError(f"designs.{dname}.emulation: {role} speaks {mine} here, "
                                  f"{theirs} in {d.emulation}")
-
-
-class MatrixError(ValueError):
-    """matrix.yaml is not valid; the message names file, line and field."""
 
 
 def _line_index(node, path=(), out=None) -> dict:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from ..strictness import UNCODED, coded
+from .errors import MatrixError
 from .skips import AllowSkip, describe_refused
 
 _OPTION = "--matrix"
@@ -70,7 +71,7 @@ class MatrixFile(pytest.File):
             yield MatrixItem.from_parent(self, name=job.cell.id, job=job)
 
 
-class MatrixCellFailure(Exception):
+class MatrixCellFailure(MatrixError):
     pass
 
 

@@ -8,8 +8,8 @@ from .connection import ClientConnection, ServerConnection
 from .constants import (BUFFER_USAGE_ANY, BUFFER_USAGE_COMPUTE, BUFFER_USAGE_WEIGHTS,
                         CONN_CAPS_SIZE, HASH_THRESHOLD, HELLO_ID, SERVER_FLAG_CACHE,
                         SET_TENSOR_HEADER_SIZE, Cmd)
-from .dialects import (DIALECTS, PRIMARY, Dialect, client_accepts, dialect_for_version,
-                       get_dialect)
+from .dialects import (DEFAULT, DIALECTS, NEWEST, PRIMARY, Dialect, client_accepts,
+                       dialect_for_version, first_with, get_dialect)
 from .errors import LocalProtocolError, ProtocolError, RemoteProtocolError
 from .events import (NEED_DATA, ConnectionClosed, Data, EndOfMessage, Request, RequestHead,
                      Response, ResponseHead)

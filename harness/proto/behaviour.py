@@ -56,6 +56,10 @@ class PeerBehaviour:
     # SET_TENSOR_HASH: the server reads (validates) the tensor before the cache lookup, so a
     # bad tensor closes even without a cache (8.0.0 [V p8]); 7.0.0 looks up first [V]
     server_hash_checks_tensor: bool
+    # A tensor whose data lies outside its buffer: the real server closes the connection (8.0.0
+    # [V p8]); 7.0.0 aborts on a GGML_ASSERT in deserialize_tensor [V]. (The reference server
+    # closes in every dialect: it does not reproduce the abort.)
+    server_tensor_bounds_close: bool
 
     def __post_init__(self):
         _one_of(self.client_hash, HASH_POLICIES, "client_hash")
@@ -88,16 +92,18 @@ class RdmaGeneration:
 # proto 7 and 8: hash every big upload, read the whole payload, one staged message
 OLD_PEERS = PeerBehaviour(client_hash=HASH_ALWAYS, server_receive=RECEIVE_WHOLE,
                           server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=False,
-                          server_hash_checks_tensor=False)
-# 8.0.0: as proto 7, but SET_TENSOR_HASH validates its tensor first (recorded from p8)
-PEERS_8 = replace(OLD_PEERS, server_hash_checks_tensor=True)
+                          server_hash_checks_tensor=False, server_tensor_bounds_close=False)
+# 8.0.0: as proto 7, but SET_TENSOR_HASH validates its tensor first and a tensor outside its
+# buffer closes (both recorded from p8)
+PEERS_8 = replace(OLD_PEERS, server_hash_checks_tensor=True, server_tensor_bounds_close=True)
 # seed 000 and 9.0.0 carry the load-time changes: hash only when the server caches, validate
 # the header first, header and caller's buffer written separately
 LOAD_OPT_PEERS = PeerBehaviour(client_hash=HASH_IF_FLAG, server_receive=RECEIVE_STREAMED,
                                server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=True,
-                               server_hash_checks_tensor=False)
-# 9.0.0 is built on 8.0.0, so its SET_TENSOR_HASH is 8.0.0's [INF]
-LOAD_OPT_PEERS_9 = replace(LOAD_OPT_PEERS, server_hash_checks_tensor=True)
+                               server_hash_checks_tensor=False, server_tensor_bounds_close=False)
+# 9.0.0 is built on 8.0.0, so its tensor validation is 8.0.0's [INF]
+LOAD_OPT_PEERS_9 = replace(LOAD_OPT_PEERS, server_hash_checks_tensor=True,
+                           server_tensor_bounds_close=True)
 
 # proto 7 (and 8): stop-and-wait, whole-completion receive, C framing of proto 7
 RDMA_PROTO7 = RdmaGeneration("proto-7", send_slots=RDMA_TX_SLOTS_OLD,

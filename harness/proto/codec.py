@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import struct
 
+from .wire import (REQUEST_HEAD, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,  # noqa: F401
+                   U32, U64)  # the header sizes are codec's public names too
 from .constants import Cmd
 from .dialects import Dialect
 from .errors import LocalProtocolError, RemoteProtocolError
@@ -11,13 +13,7 @@ from .messages import (EmptyResponse, GraphComputeRequest, GraphLayout, Layout, 
                        spec_for)
 from .tensor import RpcTensor, TENSOR_SIZE
 
-_U64 = struct.Struct("<Q")
-_REQ_HEAD = struct.Struct("<BQ")
-_U32 = struct.Struct("<I")
 U64_MAX = (1 << 64) - 1
-
-REQUEST_HEADER_SIZE = 9  # cmd u8 + len u64
-RESPONSE_HEADER_SIZE = 8  # len u64
 
 
 # ---------------------------------------------------------------- layouts
@@ -53,7 +49,7 @@ def _pack_graph(layout: GraphLayout, msg: GraphComputeRequest) -> bytes:
         head = (layout.head.pack(msg.device, msg.uid, len(msg.nodes)) if layout.with_uid
                 else layout.head.pack(msg.device, len(msg.nodes)))
         return b"".join((head, struct.pack(f"<{len(msg.nodes)}Q", *msg.nodes),
-                         _U32.pack(len(msg.tensors)), *(t.pack() for t in msg.tensors),
+                         U32.pack(len(msg.tensors)), *(t.pack() for t in msg.tensors),
                          msg.trailing))
     except struct.error as e:  # same contract as pack_fixed: out-of-range values are local errors
         raise LocalProtocolError(f"cannot pack {type(msg).__name__}: {e}") from None
@@ -75,7 +71,7 @@ def _unpack_graph(layout: GraphLayout, payload, cmd_name) -> GraphComputeRequest
                                   command=cmd_name, field="n_nodes", offset=off - 4)
     nodes = struct.unpack_from(f"<{n_nodes}Q", payload, off)
     off += 8 * n_nodes
-    (n_tensors,) = _U32.unpack_from(payload, off)
+    (n_tensors,) = U32.unpack_from(payload, off)
     off += 4
     if n < off + TENSOR_SIZE * n_tensors:
         raise RemoteProtocolError(f"graph declares {n_tensors} tensors but the payload has {n} bytes",
@@ -117,7 +113,7 @@ def pack_request_payload(dialect: Dialect, msg: Message) -> bytes:
 
 def request_header(dialect: Dialect, cmd: Cmd, payload_len: int) -> bytes:
     """The 9-byte frame header; lets callers send a payload without copying it."""
-    return _REQ_HEAD.pack(dialect.id_of(cmd), payload_len)
+    return REQUEST_HEAD.pack(dialect.id_of(cmd), payload_len)
 
 
 def pack_request(dialect: Dialect, msg: Message) -> bytes:
@@ -184,7 +180,7 @@ def pack_response_payload(dialect: Dialect, msg: Message) -> bytes:
 
 def pack_response(dialect: Dialect, msg: Message) -> bytes:
     payload = pack_response_payload(dialect, msg)
-    return _U64.pack(len(payload)) + payload
+    return U64.pack(len(payload)) + payload
 
 
 def unpack_response_payload(dialect: Dialect, cmd: Cmd, payload) -> Message:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 
+from .wire import U64
 from .codec import (has_response, pack_fixed, pack_request, pack_response, request_header)
 from .constants import Cmd
 from .dialects import Dialect, get_dialect
@@ -14,7 +14,6 @@ from .framing import (DEFAULT_DATA_CHUNK, DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_STREA
                       RequestReader, ResponseReader)
 from .messages import HelloResponse, Message, spec_for
 
-_U64 = struct.Struct("<Q")
 
 
 class ClientConnection:
@@ -110,7 +109,7 @@ class ServerConnection:
             raise LocalProtocolError(f"{msg.cmd} response while {self._owed[0]} is owed")
         self._owed.popleft()
         n = data.nbytes if isinstance(data, memoryview) else len(data)
-        return [_U64.pack(n), data]
+        return [U64.pack(n), data]
 
     @property
     def owed(self) -> int:

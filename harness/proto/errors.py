@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from ..errors import HarnessError
 
-class ProtocolError(Exception):
+
+class ProtocolError(HarnessError):
     """Base class of every error the codec raises."""
 
 

@@ -11,10 +11,10 @@ memory, reporting it with ``payload_received``.
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from typing import Callable
 
+from .wire import U64
 from .codec import (REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, response_payload_size,
                     unpack_request_header, unpack_request_payload, unpack_response_payload)
 from .constants import HELLO_ID, Cmd
@@ -24,7 +24,6 @@ from .events import (NEED_DATA, ConnectionClosed, Data, EndOfMessage, Request, R
                      Response, ResponseHead)
 from .messages import GraphLayout, Message, spec_for
 
-_U64 = struct.Struct("<Q")
 
 DEFAULT_MAX_PAYLOAD = 1 << 30  # bound for whole (non-streamed) payloads, e.g. GRAPH_COMPUTE
 DEFAULT_MAX_STREAM = 1 << 40  # bound for streamed payloads, which are never held whole
@@ -218,7 +217,7 @@ class RequestReader(_StreamingReader):
                 if self._eof:
                     raise self._truncated("len")
                 return NEED_DATA
-            (n,) = _U64.unpack_from(self._buf.peek(REQUEST_HEADER_SIZE), 1)
+            (n,) = U64.unpack_from(self._buf.peek(REQUEST_HEADER_SIZE), 1)
             self._check_length(n)
             self._buf.take(REQUEST_HEADER_SIZE)
             self.bytes_consumed += REQUEST_HEADER_SIZE
@@ -337,7 +336,7 @@ class ResponseReader(_StreamingReader):
                         RESPONSE_HEADER_SIZE + cur.size)
 
     def _check_len(self, cur: _Expectation) -> None:
-        (n,) = _U64.unpack_from(self._buf.peek(RESPONSE_HEADER_SIZE), 0)
+        (n,) = U64.unpack_from(self._buf.peek(RESPONSE_HEADER_SIZE), 0)
         if n != cur.size:
             raise RemoteProtocolError(
                 f"malformed {cur.request.cmd} response: length {n}, expected {cur.size}",

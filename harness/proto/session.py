@@ -8,9 +8,9 @@ length and FNV hash instead of being kept.
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field, replace
 
+from .wire import U64
 from .constants import CONN_CAPS_SIZE, HELLO_ID, Cmd
 from .dialects import D361, D700, Dialect, dialect_for_version, get_dialect
 from .errors import ProtocolError
@@ -20,7 +20,6 @@ from .fnv import Fnv1a64
 from .framing import RequestReader, ResponseReader
 from .messages import RESPONSE_TYPES, HelloResponse, Message
 
-_U64 = struct.Struct("<Q")
 
 
 @dataclass
@@ -98,7 +97,7 @@ class SessionDecoder:
             return
         c = self._c2s_pending
         if len(c) >= 9 and c[0] == HELLO_ID:
-            (n,) = _U64.unpack_from(c, 1)
+            (n,) = U64.unpack_from(c, 1)
             guess = D361 if n == 0 else D700
         elif len(c) >= 1 and c[0] != HELLO_ID:
             guess = D700
@@ -108,7 +107,7 @@ class SessionDecoder:
             return
         s = self._s2c_pending
         if guess.hello_caps and len(s) >= 8 + 4:
-            (n,) = _U64.unpack_from(s, 0)
+            (n,) = U64.unpack_from(s, 0)
             if n == 4 + CONN_CAPS_SIZE:
                 found = dialect_for_version((s[8], s[9], s[10]), server_flags_seen=s[11] != 0)
                 guess = found or guess

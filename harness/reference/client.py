@@ -23,7 +23,7 @@ from ..proto.errors import RemoteProtocolError
 from ..proto.tensor import RpcTensor
 from ..transport.base import Transport, TransportClosed
 from ..transport.tcp import TcpTransport
-from .errors import PeerError
+from .errors import ReferencePeerError
 from .knobs import Misbehaviour
 from .profile import HASH_ALWAYS, HASH_IF_FLAG, Profile, profile_for
 
@@ -31,7 +31,7 @@ RECV_CHUNK = 1 << 20
 STREAM_RESPONSE_AT = 1 << 16  # GET_TENSOR answers at least this big are received in place
 
 
-class VersionRejected(PeerError):
+class VersionRejected(ReferencePeerError):
     """The server's HELLO fails this client's version rule (the C client aborts here)."""
 
     def __init__(self, client: tuple, server: tuple):
@@ -40,7 +40,7 @@ class VersionRejected(PeerError):
         super().__init__("RPC server version mismatch: %d.%d.%d" % server)
 
 
-class ServerClosed(PeerError):
+class ServerClosed(ReferencePeerError):
     """The server closed the connection where an answer was due (the C client aborts)."""
 
 

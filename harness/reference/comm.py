@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from ..proto.tensor import RpcTensor, nbytes
-from .errors import PeerError
+from .errors import ReferencePeerError
 
 CAPS_SIZE = 24
 BF16_MIN_ELEMENTS = 32768
@@ -29,7 +29,7 @@ GGML_TYPE_F32, GGML_TYPE_F16 = 0, 1
 _ADD_DTYPES = {GGML_TYPE_F32: np.float32, GGML_TYPE_F16: np.float16}
 
 
-class LinkError(PeerError):
+class LinkError(ReferencePeerError):
     """The peer link failed (peer gone, deadline passed); the client connection closes."""
 
 

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..proto import ggml
 from ..proto.tensor import RpcTensor, nbytes
-from .errors import PeerError
+from .errors import ReferencePeerError
 from .memory import Buffer
 
 # By name: ids come from the numbering of the dialect the graph was sent in.
@@ -37,7 +37,7 @@ def supports_op(op_id: int, numbering: ggml.Numbering = ggml.GGML_7) -> bool:
     return numbering.op_name(op_id) in SUPPORTED_OPS
 
 
-class UnsupportedGraph(PeerError):
+class UnsupportedGraph(ReferencePeerError):
     """The graph cannot be executed safely; the server closes the connection."""
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from ..errors import HarnessError
 
-class PeerError(Exception):
+
+class ReferencePeerError(HarnessError):
     """Base of every error ``harness.reference`` raises (codec errors stay ProtocolError)."""

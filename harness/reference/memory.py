@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import PeerError
+from .errors import ReferencePeerError
 
 HANDLE_BASE = 0x5A00_0000_0000  # buffer handles ("ggml_backend_buffer_t")
 DATA_BASE = 0x7A00_0000_0000  # buffer memory
@@ -31,7 +31,7 @@ GUARD = 1 << 20  # unmapped gap after each buffer's memory
 ALIGNMENT = 32  # what the CPU backend reports
 
 
-class OutOfMemory(PeerError):
+class OutOfMemory(ReferencePeerError):
     pass
 
 

@@ -7,9 +7,10 @@ test or a misbehaviour can override (``with_``) without touching the dialect.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
-from ..proto.behaviour import HASH_ALWAYS, HASH_IF_FLAG, RECEIVE_STREAMED, RECEIVE_WHOLE
+from ..proto.behaviour import (HASH_ALWAYS, HASH_IF_FLAG, RECEIVE_STREAMED, RECEIVE_WHOLE,
+                               PeerBehaviour)
 from ..proto.dialects import Dialect, get_dialect
 
 # the policy names the peers import from here
@@ -17,20 +18,28 @@ __all__ = ["HASH_ALWAYS", "HASH_IF_FLAG", "RECEIVE_STREAMED", "RECEIVE_WHOLE", "
            "profile_for"]
 
 
+_PEER_FIELDS = frozenset(f.name for f in fields(PeerBehaviour))
+
+
 @dataclass(frozen=True)
 class Profile:
+    """One peer's behaviour: its dialect's ``PeerBehaviour`` (the one record of it), which a
+    test or a misbehaviour may override; its fields read through (``profile.client_hash``)."""
+
     dialect: Dialect
-    client_hash: str
-    server_receive: str
-    server_chunk: int  # bytes per receive step when streaming into staging memory
-    client_zero_copy: bool  # header and caller's data written separately, no staging copy
+    peer: PeerBehaviour
+
+    def __getattr__(self, name: str):
+        # Only called for names the profile itself lacks: the behaviour's fields.
+        if name in _PEER_FIELDS:
+            return getattr(self.peer, name)
+        raise AttributeError(name)
 
     def with_(self, **kw) -> "Profile":
-        return replace(self, **kw)
+        changed = {k: kw.pop(k) for k in list(kw) if k in _PEER_FIELDS}
+        return replace(self, peer=replace(self.peer, **changed) if changed else self.peer, **kw)
 
 
 def profile_for(dialect: Dialect | str) -> Profile:
     d = get_dialect(dialect)
-    p = d.peer
-    return Profile(dialect=d, client_hash=p.client_hash, server_receive=p.server_receive,
-                   server_chunk=p.server_chunk, client_zero_copy=p.client_zero_copy)
+    return Profile(d, d.peer)

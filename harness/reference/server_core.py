@@ -21,7 +21,7 @@ from ..proto.tensor import U64, RpcTensor, nbytes
 from .cache import CacheWriter, HashCache
 from .comm import LinkError, PeerLink, is_loopback
 from .compute import ServerTensor, UnsupportedGraph, execute, supports_op
-from .errors import PeerError
+from .errors import ReferencePeerError
 from .knobs import Misbehaviour
 from .memory import ALIGNMENT, Buffer, MemoryPool, OutOfMemory
 
@@ -31,7 +31,7 @@ INT64_MAX = (1 << 63) - 1
 HOARD_CAP = 256 << 20
 
 
-class Close(PeerError):
+class Close(ReferencePeerError):
     """Close this connection; ``reason`` is logged. The server keeps serving others."""
 
     def __init__(self, reason: str, command: str | None = None):

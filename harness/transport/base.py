@@ -6,8 +6,10 @@ import socket
 import threading
 from typing import Protocol, Sequence
 
+from ..errors import HarnessError
 
-class TransportError(OSError):
+
+class TransportError(HarnessError, OSError):
     """Root of every error this package raises (an OSError: a broken connection to callers
     that do not care which transport it was)."""
 

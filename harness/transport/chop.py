@@ -25,10 +25,10 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ..proto.wire import U64
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
 from ..proto.tensor import TENSOR_SIZE
 
-_U64 = struct.Struct("<Q")
 SET_TENSOR_ID = 6  # the same in every dialect
 REWRITABLE = ("hello_flags", "hello_major", "cache_flag", "conn_caps")
 
@@ -99,7 +99,7 @@ class _FrameCursor:
                 i += take
                 self.pos += take
                 if len(self._head) == self.hdr:
-                    (length,) = _U64.unpack_from(self._head, self.hdr - 8)
+                    (length,) = U64.unpack_from(self._head, self.hdr - 8)
                     cmd = self._head[0] if self.requests else None
                     self.frame_end = self.frame_start + self.hdr + length
                     found.append((self.frame_start, self.frame_start + self.hdr, self.frame_end,

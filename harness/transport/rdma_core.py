@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import struct
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from functools import lru_cache
 from typing import Iterator, Sequence
 
@@ -82,26 +82,23 @@ class RdmaHang(RdmaError, TimeoutError):
 
 # ---------------------------------------------------------------- configuration
 
+_GENERATION_FIELDS = frozenset(f.name for f in fields(RdmaGeneration))
+
+
 @dataclass(frozen=True)
 class RdmaConfig:
-    """One side's RDMA data path: a generation (``Dialect.rdma``) plus the device limits and
-    the emulator's own switches."""
+    """One side's RDMA data path: a generation (``Dialect.rdma``, the one record of what
+    differs between peers) plus the device limits and the emulator's own switches. The
+    generation's fields read through (``config.send_slots``); ``with_`` changes either."""
 
-    name: str = "custom"
+    generation: RdmaGeneration = RDMA_PROTO7
     chunk: int = RDMA_CHUNK  # largest SEND
-    send_slots: int = RDMA_PROTO7.send_slots  # SENDs in flight (1 = stop-and-wait)
     recv_depth: int = RDMA_RX_RING  # receive buffers posted at activation
-    recv_policy: str = RDMA_PROTO7.recv_policy
-    send_framing: str = RDMA_PROTO7.send_framing  # how outgoing bytes become send_data calls
-    # which recv_data calls a whole-completion receiver checks against
-    read_calls: str = RDMA_PROTO7.read_calls
     on_oversize: str = "raise"  # whole-completion only: "raise" (detect) or "drop" (clamp)
-    data_read_piece: int | None = None  # c-new reads: SET_TENSOR data read in such pieces
     timeout: float = 30.0  # every wait
     platform: str = LINUX  # conn_caps layout
 
     def __post_init__(self):
-        self.generation  # validates the generation's fields
         if self.on_oversize not in ("raise", "drop"):
             raise ValueError("on_oversize must be 'raise' or 'drop'")
         if self.platform not in (LINUX, MACOS):
@@ -109,29 +106,27 @@ class RdmaConfig:
         if min(self.chunk, self.recv_depth) < 1:
             raise ValueError("chunk and recv_depth must be >= 1")
 
-    @property
-    def generation(self) -> RdmaGeneration:
-        return RdmaGeneration(self.name, send_slots=self.send_slots, recv_policy=self.recv_policy,
-                              send_framing=self.send_framing, read_calls=self.read_calls,
-                              data_read_piece=self.data_read_piece)
+    def __getattr__(self, name: str):
+        # Only called for names the config itself lacks: the generation's fields.
+        if name in _GENERATION_FIELDS:
+            return getattr(self.generation, name)
+        raise AttributeError(name)
 
     @staticmethod
     @lru_cache(maxsize=None)
     def of(generation: RdmaGeneration) -> "RdmaConfig":
         """The default configuration of a generation (one object per generation)."""
-        return RdmaConfig(name=generation.name, send_slots=generation.send_slots,
-                          recv_policy=generation.recv_policy,
-                          send_framing=generation.send_framing, read_calls=generation.read_calls,
-                          data_read_piece=generation.data_read_piece)
+        return RdmaConfig(generation)
 
     def with_(self, **kw) -> "RdmaConfig":
-        return replace(self, **kw)
+        changed = {k: kw.pop(k) for k in list(kw) if k in _GENERATION_FIELDS}
+        generation = replace(self.generation, **changed) if changed else self.generation
+        return replace(self, generation=generation, **kw)
 
 
 OLD = RdmaConfig.of(RDMA_PROTO7)
 SEED000 = RdmaConfig.of(RDMA_SEED000)
 V9 = RdmaConfig.of(RDMA_V9)
-GENERATIONS = {"old": OLD, "seed-000": SEED000, "9.0.0": V9}
 
 
 def config_for_dialect(dialect: Dialect | str) -> RdmaConfig:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..proto.behaviour import (APP, C_NEW, C_OLD, PARTIAL, READ_CALLS, RECV_POLICIES,
                                SEND_FRAMINGS, WHOLE_COMPLETION, WRITES)
-from .rdma_core import (GENERATIONS, OLD, REQUEST, RESPONSE, SEED000, V9, CallCutter,
+from .rdma_core import (OLD, REQUEST, RESPONSE, SEED000, V9, CallCutter,
                         CompletionReader, RdmaConfig, RdmaError, RdmaHang, RdmaOverrun,
                         SendFramer, TransferResult, config_for_dialect, cut_writes, make_cutter,
                         simulate_transfer)
@@ -27,7 +27,7 @@ _Wire, _NullWire, _next_qpn = Wire, NullWire, next_qpn
 
 __all__ = [
     "APP", "C_NEW", "C_OLD", "PARTIAL", "READ_CALLS", "RECV_POLICIES", "SEND_FRAMINGS",
-    "WHOLE_COMPLETION", "WRITES", "GENERATIONS", "OLD", "REQUEST", "RESPONSE", "SEED000", "V9",
+    "WHOLE_COMPLETION", "WRITES", "OLD", "REQUEST", "RESPONSE", "SEED000", "V9",
     "CallCutter", "CompletionReader", "RdmaConfig", "RdmaError", "RdmaHang", "RdmaOverrun",
     "SendFramer", "TransferResult", "config_for_dialect", "cut_writes", "make_cutter",
     "simulate_transfer", "CLIENT", "LIVENESS_INTERVAL", "SERVER", "EmuPair", "EndpointStats",

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import FuzzError
 from ...impls.cache import peers_dir
 from ...impls.errors import BuildError
 from ...impls.fetch import download, unpack_sdist
@@ -50,7 +51,7 @@ SANITIZER_FLAGS = "-O1 -g -fno-omit-frame-pointer " \
 COVERAGE_FLAGS = "-O1 -g -fprofile-instr-generate -fcoverage-mapping"
 
 
-class ToolchainMissing(BuildError):
+class ToolchainMissing(BuildError, FuzzError):
     """clang-16 / its runtimes / llvm tools are not installed and cannot be."""
 
 

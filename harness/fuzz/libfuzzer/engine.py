@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ...proto import get_dialect
+from ...proto import DEFAULT, get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
 from ..report import build_report, campaign_problems, render_markdown
@@ -403,7 +403,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     if spec.kind != "peer":
         raise TargetError(f"--engine libfuzzer needs a pin built from sources (p5, p6, p7 ...), "
                           f"not {cfg.target!r}")
-    dialect = spec.dialect or "7.0.0"
+    dialect = spec.dialect or DEFAULT.name
     try:
         build = build_target(spec.name, "libfuzzer", progress=progress_build)
     except BuildError as e:

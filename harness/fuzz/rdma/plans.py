@@ -23,7 +23,7 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from ...proto import get_dialect
+from ...proto import DEFAULT, get_dialect
 from ...proto import messages as m
 from ...proto.codec import pack_request, response_payload_size
 from ...proto.constants import RDMA_CHUNK, Cmd
@@ -34,7 +34,7 @@ from ...transport.rdma_emu import (C_NEW, C_OLD, PARTIAL, REQUEST, WHOLE_COMPLET
 from ..case import BASE, HANDLE, Step, annotate, sentinel, step
 from ..strategies import BufferRegion, hello_request_frame, messages
 
-DIALECT = "7.0.0"  # the RDMA transport exists from 4.0.2; the fuzzed servers speak 7.0.0
+DIALECT = DEFAULT.name  # the RDMA transport exists from 4.0.2; the fuzzed servers speak it
 # Buffer 0 holds the drawn requests' tensors, buffer 1 only the probe's.
 BUFFER_SIZES = (64 << 10, 640 << 10)
 SMALL_RECV = 4096  # receive slots of the error-completion plan (below any real SEND size)

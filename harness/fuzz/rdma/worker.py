@@ -29,6 +29,8 @@ import sys
 import time
 from pathlib import Path
 
+from ..errors import FuzzError
+
 HOLD_SECONDS = 1.0  # how long a peer that stopped posting receives stays before it leaves
 
 
@@ -45,11 +47,13 @@ def _read_exact(ep, n: int) -> bytes:
 
 
 def _connect(endpoint: str, timeout: float, **cfg):
+    from ...proto.behaviour import RdmaGeneration
     from ...transport.rdma_emu import APP, C_OLD, PARTIAL, RdmaConfig
     from ...transport.verbs import connect_verbs
     host, port = endpoint.rsplit(":", 1)
-    config = RdmaConfig(name="fuzz", recv_policy=PARTIAL, send_framing=C_OLD, read_calls=APP,
-                        timeout=timeout, **cfg)
+    fuzzing = RdmaGeneration("fuzz", send_slots=1, recv_policy=PARTIAL, send_framing=C_OLD,
+                             read_calls=APP)
+    config = RdmaConfig(fuzzing, timeout=timeout).with_(**cfg)
     return connect_verbs(host, int(port), config, timeout=timeout)
 
 
@@ -119,10 +123,11 @@ def run_case(req: dict) -> dict:
 
 def run_liveness(req: dict) -> dict:
     from ...proto import RpcTensor, get_dialect, ggml
+    from .plans import DIALECT
     from ...reference.client import RefClient
 
     def body(ep, stage):
-        c = RefClient(ep, get_dialect("7.0.0"))
+        c = RefClient(ep, get_dialect(DIALECT))
         c.hello()
         if not c.rdma_active:
             return {"verdict": "no-rdma"}
@@ -174,7 +179,7 @@ def main() -> None:
 
 # ---------------------------------------------------------------- the parent's handle
 
-class WorkerDied(RuntimeError):
+class WorkerDied(FuzzError, RuntimeError):
     """The fuzz worker gave no answer in time or exited; the message has its stderr tail."""
 
 

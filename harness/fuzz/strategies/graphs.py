@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import strategies as st
 
 from ...proto import ggml
-from ...proto.dialects import Dialect, get_dialect
+from ...proto.dialects import DEFAULT, Dialect, get_dialect
 from ...proto.messages import GraphComputeRequest
 from ...proto.tensor import RpcTensor, nbytes
 from .basics import (U64_MAX, BufferRegion, Buffers, _BINARY_OPS, _OP_VIEW, _UNARY_OPS,
@@ -40,7 +40,7 @@ def _post_order(nodes: list[RpcTensor], by_id: dict[int, RpcTensor]) -> list[Rpc
 
 
 @st.composite
-def graphs(draw, dialect: Dialect | str = "7.0.0", *, shape: str = "valid",
+def graphs(draw, dialect: Dialect | str = DEFAULT, *, shape: str = "valid",
            buffers: Buffers = None,
            max_nodes: int = 6, max_leaves: int = 3,
            device: st.SearchStrategy[int] | None = None) -> GraphComputeRequest:

@@ -1,0 +1,9 @@
+"""The root of harness.fuzz's errors (under :class:`harness.errors.HarnessError`)."""
+
+from __future__ import annotations
+
+from ..errors import HarnessError
+
+
+class FuzzError(HarnessError):
+    """Base of every error a campaign, a target, a replay or a merge raises."""
