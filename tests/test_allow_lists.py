@@ -12,7 +12,7 @@ from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
 from harness.fuzz.case_runner import Finding
 from harness.fuzz.differential import SHIPPED_ALLOW_DIR, compare, load_allow
 from harness.fuzz.execute import CLOSED, OK, Outcome
-from harness.fuzz.target import Signature
+from harness.fuzz.signature import Signature
 from harness.fuzz.written import unwritten_ranges
 from harness.proto import get_dialect, pack_request
 from harness.proto import messages as m

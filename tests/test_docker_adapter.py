@@ -62,7 +62,6 @@ def _engine_or_skip():
 
 def _p7_image(**kw) -> str:
     from harness.impls.docker_image import build_pin_image
-    from harness.impls.registry import get_peer
     peer("p7")
     return build_pin_image("p7", **kw).tag
 
@@ -211,7 +210,8 @@ def test_a_cell_with_a_broken_image_fails_with_the_containers_log(tmp_path):
 def test_fuzz_target_docker_pin_starts_a_container(tmp_path):
     _engine_or_skip()
     _p7_image()
-    from harness.fuzz.target import Target, TargetSpec
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
     spec = TargetSpec.parse("docker:p7")
     assert spec.kind == "docker" and spec.image == "p7"
     target = Target(spec, tmp_path)

@@ -162,7 +162,8 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     from harness.fuzz.faultinfo import shim_path
     from harness.fuzz.case_runner import CaseRunner
     from harness.fuzz.strategies.graphs import _deep_chain
-    from harness.fuzz.target import Target, TargetSpec
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
     from harness.proto import RpcTensor, get_dialect, ggml, pack_request
     from harness.proto import messages as m
     if shim_path() is None:
@@ -203,7 +204,8 @@ def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
     import os
     import signal
     import time
-    from harness.fuzz.target import Target, TargetSpec
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
     target = Target(TargetSpec.parse("p7"), tmp_path / "t", standby=True)
     target.start()
     pids = [target.server.pid]

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from harness.conformance.raw import RawSession
-from harness.fuzz.target import Target, TargetSpec
+from harness.fuzz.target import Target
+from harness.fuzz.target_spec import TargetSpec
 from harness.impls.loopback import listeners_of, require_loopback_only
 from harness.impls.supervisor import free_port
 from harness.proto import messages as m

@@ -211,7 +211,7 @@ def test_memory_given_back_before_any_sample_still_counts(tmp_path, monkeypatch)
     case's peak (the kernel's high-water mark) sees 512 MiB for a few dozen bytes."""
     from harness.fuzz.oracles import Oracles
     from harness.fuzz.shrink import save_reproducer
-    from harness.fuzz.target import Signature
+    from harness.fuzz.signature import Signature
     require_peer_dir()
     head = bytes([D7.id_of(SetTensorRequest.cmd)]) + (512 << 20).to_bytes(8, "little")
     steps = (step(hello_request_frame(D7), "HELLO"),
@@ -234,7 +234,8 @@ def test_a_peak_above_the_rss_bound_is_a_memory_finding_though_no_sample_saw_it(
                                                                              monkeypatch):
     """The same with 1.5 GiB announced: the peak passes the 1 GiB RSS bound for a moment."""
     from harness.fuzz.shrink import save_reproducer
-    from harness.fuzz.target import Signature, Target
+    from harness.fuzz.target import Target
+    from harness.fuzz.signature import Signature
     require_peer_dir()
     head = bytes([D7.id_of(SetTensorRequest.cmd)]) + (3 << 29).to_bytes(8, "little")
     case = annotate(D7, (step(hello_request_frame(D7), "HELLO"),

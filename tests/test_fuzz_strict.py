@@ -8,7 +8,6 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 from harness.fuzz.report import campaign_problems
 from harness.strictness import TOOL_MISSING

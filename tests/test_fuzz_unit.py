@@ -21,7 +21,9 @@ from harness.fuzz.generate import cases, steady_session
 from harness.fuzz.replay import load
 from harness.fuzz.case_runner import culprit
 from harness.fuzz.shrink import Budget, ddmin, minimise_case, save_reproducer
-from harness.fuzz.target import Signature, TargetError, TargetSpec, death_line, normalise
+from harness.fuzz.signature import Signature, death_line, normalise
+from harness.fuzz.target_spec import TargetSpec
+from harness.fuzz.errors import TargetError
 from harness.reference.knobs import Misbehaviour
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
@@ -404,7 +406,7 @@ def test_runner_reports_memory_above_the_bound_and_restarts(tmp_path):
 
 def test_a_libc_fault_saved_without_its_caller_is_the_one_now_named_with_it():
     from harness.fuzz.replay import ReplayResult
-    from harness.fuzz.target import Signature
+    from harness.fuzz.signature import Signature
     old = Signature("crash", "SIGSEGV", "SIGSEGV null page in libc.so.6 page 0x167000",
                     "SET_TENSOR")
     new = Signature("crash", "SIGSEGV", old.line + " from libggml-base.so page 0x16000",

@@ -14,7 +14,7 @@ from harness.fuzz.case import BASE, HANDLE, find_relocs, sentinel
 from harness.fuzz.libfuzzer import corpus as lfc
 from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
 from harness.fuzz.libfuzzer.engine import Timeline, _class_of, _frame_start, signature_of
-from harness.fuzz.target import death_line
+from harness.fuzz.signature import death_line
 from harness.proto import Cmd, get_dialect
 from needs import built
 

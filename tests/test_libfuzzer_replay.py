@@ -15,7 +15,7 @@ import pytest
 from harness.fuzz import sanitizer
 from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, replay_target
 from harness.fuzz.replay import ReplayResult
-from harness.fuzz.target import Signature
+from harness.fuzz.signature import Signature
 from needs import built, peer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,7 +95,7 @@ def test_checked_in_input_is_the_generators():
         sys.path.remove(str(FIX))
     assert sorted(INPUTS) == sorted(p.name for p in FIX.glob("*.bin"))
     for name, make in INPUTS.items():
-        assert (FIX / name).read_bytes() == make(), f"rerun fixtures/libfuzzer/make_inputs.py"
+        assert (FIX / name).read_bytes() == make(), "rerun fixtures/libfuzzer/make_inputs.py"
 
 
 # ---------------------------------------------------------------- the real builds
@@ -207,7 +207,8 @@ def test_sanitizer_server_allocates_under_its_bound_instead_of_rlimit_as(tmp_pat
     """RLIMIT_AS made every allocation of an ASan server fail (ggml_init asserted on the first
     request); its bound is ASan's max_allocation_size_mb: a buffer under it is allocated, one
     over it fails the way ALLOC_BUFFER fails, and the server lives on."""
-    from harness.fuzz.target import Target, TargetSpec
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
     from harness.reference.client import RefClient
     _builds()
     t = Target(TargetSpec.parse("p7+asan+ubsan"), tmp_path / "t", as_limit=256 << 20,

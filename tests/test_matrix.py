@@ -182,7 +182,6 @@ def test_mislabelled_server_is_misconfigured_not_incompatible(tmp_path):
 @pytest.mark.realpeer
 @pytest.mark.slow
 def test_harness_run_cli_on_real_peers(tmp_path):
-    from harness.impls.registry import get_peer
     peer("p7")
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "old-client", "new-server",
                            "--design", "bump", "--scenario", "handshake", "--scenario",

@@ -18,7 +18,7 @@ import pytest
 
 from harness.fuzz import sanitizer
 from harness.fuzz.faultinfo import is_sanitized
-from harness.fuzz.target import Signature, death_line
+from harness.fuzz.signature import Signature, death_line
 from needs import tool_marker
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "sanitizer"

@@ -179,7 +179,7 @@ class ReproPredicate(_Built):
 
     def ask(self, build: str) -> Outcome:
         from ..fuzz.replay import replay_outcome
-        from ..fuzz.target import TargetError
+        from ..fuzz.errors import TargetError
         try:
             result, r = replay_outcome(self.path, build, deadline=self.deadline)
         except (TargetError, OSError) as e:
@@ -204,7 +204,8 @@ class DifferentialPredicate(_Built):
     def ask(self, build: str) -> Outcome:
         from ..fuzz.differential import DifferentialConfig, run_differential, \
             shipped_allow_list
-        from ..fuzz.target import TargetError, TargetSpec
+        from ..fuzz.target_spec import TargetSpec
+        from ..fuzz.errors import TargetError
         try:
             dialect = TargetSpec.parse(build).dialect
         except TargetError as e:

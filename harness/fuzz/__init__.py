@@ -13,7 +13,8 @@ Modules, in the order data flows:
   mutations; :mod:`.generate` -- whole connections from a session model, mutations mixed in;
 * :mod:`.case` -- steps, sentinel handles/bases and their relocation, spec expectations;
 * :mod:`.execute` -- one connection, pipelined or lockstep, with the connection oracle;
-* :mod:`.target` / :mod:`.case_runner` -- launching targets, deaths, hangs, memory, attribution;
+* :mod:`.target_spec` -- ``--target`` parsed; :mod:`.target` / :mod:`.case_runner` -- launching
+  targets, deaths, hangs, memory, attribution; :mod:`.signature` -- what names a finding;
 * :mod:`.campaign` -- workers, hypothesis rounds, dedupe, shards; :mod:`.evolve` -- the
   evolving corpus (new-behaviour entries, mutated with a plain PRNG); :mod:`.shrink` -- ddmin
   and reproducer folders; :mod:`.replay`; :mod:`.report`; :mod:`.merge` -- shard folders into

@@ -51,8 +51,10 @@ from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, save_reproducer, transcript_of
 from .sweep import size as sweep_size, sweep as sweep_cases
-from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetError, \
-    TargetSpec
+from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
+from .signature import Signature
+from .target_spec import TargetSpec
+from .errors import TargetError
 
 STATS_EVERY = 0.5  # seconds between progress events from a worker
 FINALISE_GRACE = 30.0  # a finding made just before the end may finish minimising this late

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from . import sanitizer
 from .case import Case
 from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
-from .target import Signature, Target, normalise
+from .target import Target
+from .signature import Signature, normalise
 
 _NUMBER = re.compile(r"\b\d+\b")
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from .report import DEFAULT_MIN_MESSAGES, campaign_problems
-from .target import TargetError
+from .errors import TargetError
 
 CLIENT_PREFIX = "client:"
 RDMA_SOFT = "rdma-soft"  # the real RDMA transport over the project's soft verbs device
@@ -171,7 +171,7 @@ def default_allow(console: Console, pair: tuple[str, str], dialect: str | None,
     """The allow-list a differential uses: ``allow``, else the one shipped for the pair's
     dialect (fixtures/differential), unless ``no_allow`` (the built-in entries only)."""
     from .differential import shipped_allow_list
-    from .target import TargetSpec
+    from .target_spec import TargetSpec
     if allow is not None or no_allow:
         return allow
     found = {TargetSpec.parse(t, dialect).dialect for t in pair} - {None}

@@ -46,7 +46,8 @@ from ..reference.server import ReferenceServer
 from ..reference.server_core import ServerConfig
 from ..proto import DEFAULT, get_dialect
 from . import strategies as rst
-from .target import Signature, TargetError, normalise, signal_text
+from .signature import Signature, normalise, signal_text
+from .errors import TargetError
 
 DEFENCES = ("version mismatch", "malformed response", "handshake failed")
 # Commands of the scenario below whose answers can be garbled / refused.

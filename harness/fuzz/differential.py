@@ -60,8 +60,9 @@ from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
 from .sweep import size as sweep_size, sweep as sweep_cases
 from .written import unwritten_ranges
-from .target import (DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec,
-                     normalise, slug)
+from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
+from .signature import Signature, normalise, slug
+from .target_spec import TargetSpec
 
 FORMAT = "ggml-rpc-fuzz-divergence/1"
 _LEARNED = {"ALLOC_BUFFER": (0,), "BUFFER_GET_BASE": (0,)}  # u64 words holding heap addresses

@@ -7,3 +7,7 @@ from ..errors import HarnessError
 
 class FuzzError(HarnessError):
     """Base of every error a campaign, a target, a replay or a merge raises."""
+
+
+class TargetError(FuzzError, RuntimeError):
+    """The target cannot be resolved or started."""

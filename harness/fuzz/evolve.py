@@ -26,7 +26,7 @@ from ..proto.codec import REQUEST_HEADER_SIZE
 from ..proto.dialects import Dialect
 from .case import Case, Step, annotate, step
 from .execute import Outcome
-from .target import normalise
+from .signature import normalise
 from .strategies import MUTATIONS, Site
 from .strategies.fields import INTERESTING_VALUES, overwrite
 

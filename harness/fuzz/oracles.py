@@ -48,7 +48,8 @@ from ..proto.messages import GetAlignmentRequest
 from ..transport.tcp import recv_exact
 from .case import Case, step
 from .execute import OK, Outcome
-from .target import Signature, Target
+from .target import Target
+from .signature import Signature
 
 AMPLIFICATION, FREEZE, CACHE, FD_LEAK, SPIN = "amplification", "freeze", "cache", "fd-leak", \
     "spin"

@@ -23,8 +23,9 @@ from . import sanitizer
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
 from .case_runner import CaseRunner
-from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, Target, TargetSpec, \
-    same_abort_moved, same_abort_site
+from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
+from .signature import Signature, same_abort_moved, same_abort_site
+from .target_spec import TargetSpec
 
 
 @dataclass

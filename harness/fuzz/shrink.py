@@ -24,7 +24,7 @@ from ..capture.pcap import write_pcap
 from ..capture.transcript import C2S, S2C, Transcript
 from .case import Case
 from .execute import Outcome
-from .target import Signature
+from .signature import Signature
 
 T = TypeVar("T")
 FORMAT = "ggml-rpc-fuzz-finding/1"
@@ -175,7 +175,7 @@ from pathlib import Path
 import pytest
 
 from harness.fuzz.replay import replay
-from harness.fuzz.target import TargetError
+from harness.fuzz.errors import TargetError
 
 TARGET = {target!r}
 

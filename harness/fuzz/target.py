@@ -22,20 +22,18 @@ inside the target, which is then free to refuse it.
 from __future__ import annotations
 
 import functools
-import hashlib
 import os
-import re
 import resource
 import shutil
-import signal
 import socket
 import struct
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from .errors import FuzzError
+from .errors import TargetError
+from .signature import Signature, death_line, signal_text, vm_hwm, without_paths
+from .target_spec import TargetSpec, dialect_or_none, server_binary
 from ..impls.driver import ExitInfo
 from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
@@ -43,314 +41,19 @@ from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_serve
     start_reference_server
 from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
-from ..proto.dialects import ALIASES
 from ..transport.tcp import recv_exact
 from . import sanitizer
-from .faultinfo import LINE_PREFIX, is_sanitized, with_shim
+from .faultinfo import is_sanitized, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
 DEFAULT_RSS_LIMIT = 1 << 30
 REFERENCE_MEMORY = "256M"  # the reference server's buffer budget under fuzzing
 
 
-class TargetError(FuzzError, RuntimeError):
-    """The target cannot be resolved or started."""
-
-
-# ---------------------------------------------------------------- signatures
-
-
 @functools.cache
 def _loopback_shim():
     """Built (or found in the cache) once per process: targets relaunch after every death."""
     return ensure_loopback_shim()
-
-@dataclass(frozen=True)
-class Signature:
-    """What identifies a finding: two findings with equal signatures are the same bug."""
-
-    kind: str  # crash | hang | memory | protocol | one of harness.fuzz.oracles.KINDS
-    signal: str  # "SIGABRT", "SIGSEGV", "exit 1", or "" when the process lives on
-    line: str  # first meaningful log line (crash) or what was observed, normalised
-    command: str  # the command of the step that caused it
-
-    @property
-    def id(self) -> str:
-        """Short stable name (folder names, report anchors)."""
-        h = hashlib.sha1("\x1f".join((self.kind, self.signal, self.line,
-                                      self.command)).encode()).hexdigest()[:8]
-        return f"{self.kind}-{slug(self.command)}-{h}"
-
-    def same_bug(self, other: "Signature | None", *, command: bool = True) -> bool:
-        if other is None:
-            return False
-        same = (self.kind, self.signal, self.line) == (other.kind, other.signal, other.line)
-        return same and (not command or self.command == other.command)
-
-    def title(self) -> str:
-        parts = [self.kind]
-        if self.signal:
-            parts.append(self.signal)
-        parts.append(f"in {self.command}")
-        return " ".join(parts) + (f": {self.line}" if self.line else "")
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, d: dict) -> "Signature":
-        return cls(d["kind"], d.get("signal", ""), d.get("line", ""), d.get("command", ""))
-
-
-def slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_").lower()[:24] or "none"
-
-
-# Log lines that say why a process died, most telling first.
-_DEATH_PATTERNS = [re.compile(p) for p in (
-    r"(?:\S+\.(?:c|cpp|h):\d+: )?GGML_ASSERT\(.*\) failed",
-    r"GGML_ABORT.*|\S+\.(?:c|cpp|h):\d+: .*",
-    r"terminate called .*",
-    r"Assertion .* failed.*",
-    r"AddressSanitizer: .*|UndefinedBehaviorSanitizer: .*|runtime error: .*",
-    r"(Segmentation fault|Aborted|Bus error).*",
-)]
-_PY_EXC = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit|Interrupt)\b.*)$")
-_PY_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
-_PATH = re.compile(r"(?:/[^\s:()'\"]+/)+([^\s/:()'\"]+)")
-_HEX = re.compile(r"0x[0-9a-fA-F]+")
-_BIG_NUMBER = re.compile(r"\b\d{5,}\b")
-
-
-def normalise(line: str) -> str:
-    """A log line without run-specific noise: paths cut to the file name, addresses and big
-    numbers (sizes, pids) replaced, so the same bug gives the same line on every run."""
-    line = _PATH.sub(r"\1", line.strip())
-    line = _HEX.sub("0x?", line)
-    line = _BIG_NUMBER.sub("N", line)
-    return line[:300]
-
-
-def death_line(log_lines: list[str], *, raw: bool = False) -> str:
-    """The most meaningful line of a dead server's log (normalised unless ``raw``), or ""."""
-    norm = (lambda x: x.strip()) if raw else normalise
-    # A Python traceback: the exception and the innermost frame of ours say it all.
-    for i in range(len(log_lines) - 1, -1, -1):
-        m = _PY_EXC.match(log_lines[i].strip())
-        if m and any("Traceback" in x for x in log_lines[max(0, i - 200):i]):
-            where = ""
-            for j in range(i - 1, max(0, i - 200) - 1, -1):
-                f = _PY_FRAME.match(log_lines[j])
-                if f:
-                    where = f" at {Path(f.group(1)).name}:{f.group(2)}"
-                    break
-            return norm(m.group(1)[:200] + where)
-    report = sanitizer.parse(log_lines)  # ASan/UBSan builds: the report names the bug
-    if report is not None and not report.is_abort and report.tool != "libFuzzer":
-        return norm(report.summary or report.text.splitlines()[0]) if raw \
-            else report.signature_line()
-    for line in log_lines:
-        if line.startswith(LINE_PREFIX):
-            text = _PATH.sub(r"\1", line[len(LINE_PREFIX):].strip())[:300]
-            return text if raw else _fault_site(text)
-    for pat in _DEATH_PATTERNS:
-        for line in log_lines:
-            m = pat.search(line)
-            if m:
-                return norm(m.group(0)) if raw else _abort_site(norm(m.group(0)))
-    return ""
-
-
-_SITE_AT = (r"(?P<{0}mod>\S+)\+0x(?P<{0}off>[0-9a-f]+)"
-            r"(?: \((?P<{0}sym>[^+)]+)\+0x[0-9a-f]+\))?")
-_FAULT = re.compile(r"^(?P<head>.* in )" + _SITE_AT.format("") +
-                    r"(?: from " + _SITE_AT.format("from_") + ")?$")
-_ABORT_AT = re.compile(r"^(\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm):\d+: )(.*)$")
-
-
-def _fault_site(text: str) -> str:
-    """The fault shim's line reduced to where it happened: the function when the module
-    exports one there, else the 4 KiB page of the module (one function, nearly always), so
-    two faults at neighbouring instructions of one function are one bug. A stack overflow
-    keeps its class only."""
-    m = _FAULT.match(text)
-    if m is None:
-        return text
-    if " stack overflow in " in text:
-        # Where the stack ran out depends on its random start (ASLR), not on the bug: the
-        # class alone is the signature.
-        return text.split(" in ", 1)[0]
-    site = m.group("head") + _site(m, "")
-    return site + (f" from {_site(m, 'from_')}" if m.group("from_mod") else "")
-
-
-def _site(m: re.Match, prefix: str) -> str:
-    mod, sym = m.group(f"{prefix}mod"), m.group(f"{prefix}sym")
-    if sym:
-        return f"{mod} ({sym})"
-    return f"{mod} page 0x{int(m.group(f'{prefix}off'), 16) & ~0xFFF:x}"
-
-
-def _abort_site(text: str) -> str:
-    """An abort at ``file:line: message``: the location names the bug; a formatted message
-    (``binary_op: unsupported types: dst: q4_0, ...``) keeps only its first part, so each
-    type combination is not a bug of its own. GGML_ASSERT conditions are static: kept."""
-    m = _ABORT_AT.match(text)
-    if m is None or m.group(2).startswith("GGML_ASSERT"):
-        return text
-    first, sep, _ = m.group(2).partition(": ")
-    return m.group(1) + first + (": ..." if sep else "")
-
-
-# gcc gives ``__LINE__`` of a macro call that spans lines as its first line, clang as its last
-# (a GGML_ABORT with its arguments on the next lines): the same abort is lines apart between
-# a gcc-built release server and the clang-built in-process target or sanitizer server.
-MACRO_CALL_LINES = 4
-_SITE = re.compile(r"^(?P<file>\S+\.(?:c|cc|cpp|h|hpp|cu|m|mm)):(?P<line>\d+): (?P<msg>.*)$")
-
-
-def same_abort_site(a: str, b: str) -> bool:
-    """Do two abort lines (``file:line: message``) name one abort, as two compilers place it?
-    The same file and message, lines at most MACRO_CALL_LINES - 1 apart."""
-    ma, mb = _SITE.match(a), _SITE.match(b)
-    return bool(ma and mb and ma["file"] == mb["file"] and ma["msg"] == mb["msg"]
-                and abs(int(ma["line"]) - int(mb["line"])) < MACRO_CALL_LINES)
-
-
-def same_abort_moved(a: str, b: str) -> bool:
-    """Do two abort lines name one abort in two builds of the code, wherever it sits? The same
-    file and message at any line: between builds unrelated edits move an assert (a 7.0.0
-    GGML_ASSERT was at ggml-rpc.cpp:1401 in b10985, :1413 in b11327, :1429 in b11413)."""
-    ma, mb = _SITE.match(a), _SITE.match(b)
-    return bool(ma and mb and ma["file"] == mb["file"] and ma["msg"] == mb["msg"])
-
-
-_VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.M)
-
-
-def vm_hwm(pid: int) -> int | None:
-    """The kernel's high-water mark of a process's RSS in bytes (None: not readable)."""
-    try:
-        m = _VM_HWM.search(Path(f"/proc/{pid}/status").read_text())
-    except OSError:
-        return None
-    return int(m.group(1)) << 10 if m else None
-
-
-def signal_text(info: ExitInfo) -> str:
-    if info.signal:
-        try:
-            return signal.Signals(info.signal).name
-        except ValueError:
-            return f"signal {info.signal}"
-    if info.returncode is not None and info.returncode > 128:
-        try:
-            return signal.Signals(info.returncode - 128).name
-        except ValueError:
-            pass
-    return f"exit {info.returncode}"
-
-
-# ---------------------------------------------------------------- specs
-
-@dataclass(frozen=True)
-class TargetSpec:
-    """A parsed ``--target``: ``p7`` (registered peer), ``ref`` / ``ref-<dialect>``
-    (reference server), ``ref[-<dialect>]:KNOB=V[,KNOB=V]`` (the reference server with
-    misbehaviour knobs, e.g. ``ref:stall_on=BUFFER_CLEAR``: a server with a planted bug, to see
-    the fuzzer find it), ``docker:IMAGE`` (a server image run under Docker; ``docker:p7``
-    builds and runs that pin's image), or a path to a server binary or a llama.cpp build dir."""
-
-    kind: str  # "peer" | "ref" | "binary" | "docker"
-    name: str  # for reports and file names
-    dialect: str | None  # None: ask the server (HELLO) after the first start
-    peer: str | None = None
-    binary: str | None = None
-    knobs: tuple[str, ...] = ()  # reference server only: `harness serve --knob` values
-    image: str | None = None  # docker: an image in the engine, or a pin name
-
-    @classmethod
-    def parse(cls, text: str, dialect: str | None = None) -> "TargetSpec":
-        text = text.strip()
-        if dialect is not None and _dialect_or_none(dialect) is None:
-            raise TargetError(f"unknown dialect {dialect!r} (see `harness dialects`)")
-        head, _, knob_text = text.partition(":")
-        if head == "docker":
-            if not knob_text:
-                raise TargetError(f"{text}: name an image (docker:IMAGE) or a pin (docker:p7)")
-            return cls("docker", "docker-" + slug(knob_text), _dialect_or_none(dialect),
-                       image=knob_text)
-        if head == "ref" or head.startswith("ref-"):
-            name = _dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else DEFAULT.name))
-            if name is None:
-                raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
-            knobs = tuple(k.strip() for k in knob_text.split(",") if k.strip())
-            try:
-                parse_knobs(knobs)
-            except ValueError as e:
-                raise TargetError(f"{text}: {e}") from None
-            return cls("ref", f"ref-{name}" + "".join(f"+{k}" for k in knobs), name,
-                       knobs=knobs)
-        path = Path(text).expanduser()
-        # A bare word names a peer even where a folder of that name exists (a campaign's
-        # out dir is often called after its target); paths are spelt with a slash.
-        looks_like_path = os.sep in text or text.startswith(("~", "."))
-        if path.exists() and (looks_like_path or not _is_peer_name(text)):
-            binary = _find_server_binary(path)
-            if binary is None:
-                raise TargetError(f"{text}: no ggml-rpc-server / rpc-server in it")
-            return cls("binary", binary.name, _dialect_or_none(dialect),
-                       binary=str(binary.resolve()))
-        try:
-            peer = get_peer(text)
-        except PeerError as e:
-            raise TargetError(f"unknown target {text!r}: {e} (use a peer name from `harness "
-                              "peers list`, ref[-DIALECT], or a server path)") from None
-        # a pin's own dialect where the version alone does not tell (p7f: 7.0.0+flags)
-        proto = dialect or peer.dialect or peer.proto or peer.verified_proto
-        d = _dialect_or_none(proto)
-        return cls("peer", peer.name, d)
-
-    @property
-    def is_reference(self) -> bool:
-        return self.kind == "ref"
-
-
-def _is_peer_name(text: str) -> bool:
-    try:
-        get_peer(text)
-        return True
-    except PeerError:
-        return False
-
-
-def _dialect_or_none(name: str | None) -> str | None:
-    if not name:
-        return None
-    try:
-        return get_dialect(ALIASES.get(name, name)).name
-    except ValueError:
-        parts = tuple(int(x) for x in name.split(".")) if re.match(r"^\d+\.\d+\.\d+$", name) \
-            else None
-        d = dialect_for_version(parts) if parts else None
-        return d.name if d else None
-
-
-def _server_binary(argv: list[str]) -> str:
-    """The server executable of a launch command (past wrappers such as stdbuf)."""
-    return next((a for a in argv if "rpc-server" in Path(a).name), argv[0])
-
-
-def _find_server_binary(path: Path) -> Path | None:
-    if path.is_file():
-        return path
-    for sub in ("", "bin", "build/bin"):
-        for name in ("ggml-rpc-server", "rpc-server"):
-            cand = path / sub / name
-            if cand.is_file():
-                return cand
-    return None
-
 
 # ---------------------------------------------------------------- targets
 
@@ -506,7 +209,7 @@ class Target:
             # start_peer_server, plus the fault shim in the environment.
             argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
             env = self._sanitizer_bounds(env | self.env)
-            env = preload_env(with_shim(env, _server_binary(argv)), loopback)
+            env = preload_env(with_shim(env, server_binary(argv)), loopback)
             return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
                                        name=peer.name, host=self.host, workdir=workdir,
                                        ready_timeout=self.ready_timeout)
@@ -539,7 +242,7 @@ class Target:
     def _probe_dialect(self) -> str:
         """The dialect of a server given by path: its banner, else its HELLO answer."""
         banner = self.server.banner_version
-        d = _dialect_or_none(banner) if banner else None
+        d = dialect_or_none(banner) if banner else None
         if d:
             return d
         for major in (7, 3):  # the 24-byte HELLO of >= 4.0, then the empty one of 3.x
@@ -677,7 +380,7 @@ class Target:
         report = sanitizer.parse(lines)
         kind = report.kind if report is not None and not report.is_abort else "crash"
         sig = Signature(kind, signal_text(info), death_line(lines), command)
-        raw = _PATH.sub(r"\1", death_line(lines, raw=True))  # no machine paths in reports
+        raw = without_paths(death_line(lines, raw=True))
         if raw.startswith(sig.signal):  # the fault shim's line names the signal itself
             return sig, raw
         return sig, f"{sig.signal}" + (f": {raw}" if raw else " (nothing in the log)")

@@ -19,7 +19,8 @@ from ..proto.wire import U64
 from ..transport.base import recv_exact_into
 from .case import BASE, HANDLE, annotate, relocate
 from .generate import steady_session
-from .target import Target, TargetSpec
+from .target import Target
+from .target_spec import TargetSpec
 
 BUFFER_SIZES = (65536, 4096, 1024)
 

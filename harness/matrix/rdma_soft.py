@@ -29,7 +29,7 @@ from ..reference.knobs import Misbehaviour
 from ..scenario import Check
 from ..transport.caps import ZERO_CAPS, unpack_linux
 from ..transport.rdma_core import config_for_dialect
-from ..transport.softverbs import (ACTIVATED_RE, QpCapture, QpStats, SoftverbsUnavailable,
+from ..transport.softverbs import (ACTIVATED_RE, QpCapture, SoftverbsUnavailable,
                                    build_softverbs, rdma_carried_problems, read_capture,
                                    read_qp_stats, softverbs_env)
 

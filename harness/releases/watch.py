@@ -188,7 +188,8 @@ def _releases(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say
 
 def _differential(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say) -> None:
     from ..fuzz.differential import DifferentialConfig, run_differential, shipped_allow_list
-    from ..fuzz.target import TargetError, TargetSpec
+    from ..fuzz.target_spec import TargetSpec
+    from ..fuzz.errors import TargetError
 
     done: dict[str, dict] = {}
     for role, build in usable.items():
@@ -219,7 +220,7 @@ def _differential(cfg: WatchConfig, report: WatchReport, usable: dict[str, str],
 
 def _replays(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say) -> None:
     from ..fuzz.replay import replay_outcome
-    from ..fuzz.target import TargetError
+    from ..fuzz.errors import TargetError
 
     repros = reproducer_dirs(cfg.reproducers)
     for folder in repros:

@@ -38,8 +38,10 @@ from .. import sanitizer
 from ..campaign import Progress, campaign_id
 from ..report import build_report, campaign_problems, render_markdown
 from ..shrink import save_reproducer
-from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Signature, TargetError, TargetSpec, \
-    death_line, vm_hwm
+from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT
+from ..signature import Signature, death_line, vm_hwm
+from ..target_spec import TargetSpec
+from ..errors import TargetError
 from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target, tool
 

@@ -42,7 +42,10 @@ from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, s
 from ...impls.registry import PeerError, get_peer
 from ...transport.softverbs import (STATS_DIR_ENV, SoftverbsUnavailable, build_softverbs,
                                     read_qp_stats, softverbs_env)
-from ..target import Signature, Target, TargetError, TargetSpec, _dialect_or_none, normalise
+from ..target import Target
+from ..signature import Signature, normalise
+from ..target_spec import TargetSpec, dialect_or_none
+from ..errors import TargetError
 from .plans import (DIALECT, SEND_PLANS, RdmaCase, aligned, first_misfit, plan_catalogue, predict,
                     rdma_cases, sweep_cases, with_requests)
 from .worker import FuzzPeer, WorkerDied
@@ -64,7 +67,7 @@ def resolve_target(name: str) -> TargetSpec:
         base = rdma[:-len("+rdma")]
         raise TargetError(f"{rdma} is not built ({peer.reason}): harness peers build {base} "
                           "--rdma")
-    proto = _dialect_or_none(peer.proto or peer.verified_proto)
+    proto = dialect_or_none(peer.proto or peer.verified_proto)
     if proto != DIALECT:
         raise TargetError(f"{peer.name} speaks {proto}; the RDMA fuzzer speaks {DIALECT}")
     return TargetSpec("peer", peer.name, proto, peer=peer.name)

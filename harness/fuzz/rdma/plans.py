@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from ...proto import DEFAULT, get_dialect
 from ...proto import messages as m
-from ...proto.codec import pack_request, response_payload_size
+from ...proto.codec import pack_request
 from ...proto.constants import RDMA_CHUNK, Cmd
 from ...proto.tensor import RpcTensor
 from ...proto import ggml

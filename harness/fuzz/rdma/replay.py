@@ -14,7 +14,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..target import Signature
+from ..signature import Signature
 from .campaign import REPRO_FORMAT, Observation, RdmaSession, resolve_target, same_finding
 from .plans import RdmaCase
 
@@ -55,7 +55,7 @@ class RdmaReplayResult:
                  f"({len(self.case.requests)} requests, {len(self.case.writes)} writes, "
                  f"SEND plan {self.case.plan.get('what')})",
                  f"expected : {self.expected.title() if self.expected else '(none saved)'}",
-                 f"observed : " + (self.observed.title() if self.observed else
+                 "observed : " + (self.observed.title() if self.observed else
                                    f"nothing: {o.result.get('verdict')}, the target survived"
                                    + (f", liveness {o.result['liveness']}"
                                       if "liveness" in o.result else ""))]
