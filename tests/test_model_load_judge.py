@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.capture.loadprof_log import ConnectionProfile
-from harness.matrix.execute import _sum_profiles
+from harness.matrix.load_runs import sum_profiles as _sum_profiles
 from harness.report.html_report import load_table
 from harness.report.load_table import load_rows, markdown_table
 from harness.scenario import DEGRADED, FAILED, WORKS
