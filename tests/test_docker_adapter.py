@@ -163,7 +163,7 @@ def test_a_hung_client_container_is_removed(tmp_path):
     silent.listen(1)
     client = DockerClientDriver(image, proto="7.0.0", step_timeout=3)
     try:
-        from harness.impls.real_client import ClientHung
+        from harness.impls.ctypes_driver import ClientHung
         with pytest.raises(ClientHung):
             client.do("connect", endpoint=f"127.0.0.1:{silent.getsockname()[1]}")
     finally:

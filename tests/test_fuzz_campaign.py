@@ -83,7 +83,7 @@ def test_throughput_against_a_live_c_server():
 @realpeer
 def test_client_target_classifies_defences_and_successes():
     require_peer_dir()
-    from harness.fuzz.client import _peer_client, run_client_case
+    from harness.fuzz.client_targets import _peer_client, run_client_case
     lib, proto, dialect = _peer_client("p7")
     ok, _ = run_client_case(lib, proto, dialect, {"hello_flags": 0x80}, step_timeout=10)
     assert ok.category == "ok"  # a 7.0.0 client ignores HELLO byte 3
@@ -103,7 +103,7 @@ def test_client_target_classifies_defences_and_successes():
 @realpeer
 def test_client_campaign_reports_only_defences(tmp_path):
     require_peer_dir()
-    from harness.fuzz.client import ClientCampaignConfig, run_client_campaign
+    from harness.fuzz.client_targets import ClientCampaignConfig, run_client_campaign
     out, report = run_client_campaign(ClientCampaignConfig(peer="p7", duration=20, seed=5,
                                                            out=tmp_path / "client"))
     assert report["cases"] >= 5

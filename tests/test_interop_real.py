@@ -13,7 +13,7 @@ from harness.capture.proxy import RecordingProxy
 from harness.conformance.cases import CASES
 from harness.conformance.raw import RawSession
 from harness.conformance.check import VECTOR_OUTCOMES, run_all
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server, start_reference_server
 from harness.reference.server import ReferenceServer
@@ -144,7 +144,7 @@ def close(a: dict, b: dict) -> bool:
 @pytest.mark.parametrize("proto", sorted(REAL))
 def test_ref_client_sends_what_the_c_client_sends(tmp_path, proto):
     """Same steps, same real server: the canonical bytes of both clients are equal."""
-    from harness.impls.real_client import CtypesClientDriver
+    from harness.impls.ctypes_driver import CtypesClientDriver
     peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "a") as srv:
         c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path)
@@ -161,7 +161,7 @@ def test_ref_client_sends_what_the_c_client_sends(tmp_path, proto):
 def test_ref_client_reuses_graphs_and_splits_uploads_as_the_c_client(tmp_path, proto):
     """2D transfers and graph reuse by uid: the same canonical bytes as the real client, the
     same results from the real server and from the reference server."""
-    from harness.impls.real_client import CtypesClientDriver
+    from harness.impls.ctypes_driver import CtypesClientDriver
     peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "a") as srv:
         c_results, c_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv,
@@ -189,8 +189,8 @@ def test_ref_client_reuses_graphs_and_splits_uploads_as_the_c_client(tmp_path, p
 def test_graph_cache_limit_is_the_c_clients(tmp_path):
     """1025 kept graphs: the 8.0.0 client clears its uid cache at the 1025th, so the first
     graph goes out again as GRAPH_COMPUTE; the reference client does the same."""
-    from harness.impls.real_client import CtypesClientDriver
-    from harness.impls.ref_client import GRAPH_CACHE_MAX
+    from harness.impls.ctypes_driver import CtypesClientDriver
+    from harness.impls.ref_driver import GRAPH_CACHE_MAX
     peer = real_peer("p8")
     steps = GRAPH_STEPS[:4] + [{"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"],
                                 "buffer": "act", "offset": 0}]
@@ -210,7 +210,7 @@ def test_graph_cache_limit_is_the_c_clients(tmp_path):
 @pytest.mark.parametrize("proto", sorted(REAL))
 def test_reference_server_gives_the_real_servers_results(tmp_path, proto):
     """The real C client against `harness serve --proto P` and against the real server."""
-    from harness.impls.real_client import CtypesClientDriver
+    from harness.impls.ctypes_driver import CtypesClientDriver
     peer = real_peer(REAL[proto])
     with start_peer_server(peer, workdir=tmp_path / "real") as srv:
         real, real_wire = run_session(CtypesClientDriver(peer.lib_dir, proto=proto), srv, tmp_path)

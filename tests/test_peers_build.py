@@ -318,7 +318,7 @@ def _banner_patch(tmp_path: Path, name: str = "banner.patch", line: str = PATCHE
 
 
 def _server_log(pin: Pin, tmp_path: Path) -> str:
-    from harness.impls.realpeer import peer_from_pin
+    from harness.impls.built_peer import peer_from_pin
     from harness.impls.supervisor import start_peer_server
 
     with start_peer_server(peer_from_pin(pin), workdir=tmp_path / f"run-{pin.name}") as server:
@@ -396,7 +396,7 @@ def _overflow_hello(server) -> None:
     ("address,undefined", "pfake+asan+ubsan", None),
 ])
 def test_sanitizer_variant_reports_a_heap_overflow_as_an_abort(tmp_path, cache, spec, name, report):
-    from harness.impls.realpeer import peer_from_pin
+    from harness.impls.built_peer import peer_from_pin
     from harness.impls.supervisor import start_peer_server
 
     archive = _fake_sdist(tmp_path / "fake-1.0.tar.gz")

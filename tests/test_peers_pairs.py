@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import ClientAborted, digest, make_fill
-from harness.impls.real_client import CtypesClientDriver
+from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.impls.registry import list_peers
 from harness.impls.supervisor import start_peer_server
 from harness.matrix.cells import release_cells

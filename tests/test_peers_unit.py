@@ -641,7 +641,7 @@ def test_adding_a_patched_pin_is_one_row_of_the_shipped_file(tmp_path):
 
 
 def test_the_client_library_of_a_sanitizer_build_gets_its_runtimes_preloaded(cache):
-    from harness.impls.realpeer import client_library_env
+    from harness.impls.built_peer import client_library_env
 
     asan = get_pin("p7+asan")
     _fake_entry(asan, {"sanitize": ["address"], "sanitizer_runtimes": ["libasan.so.8"]})

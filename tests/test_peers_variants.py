@@ -17,7 +17,7 @@ import pytest
 from harness.impls import build as peer_build, sanitize
 from harness.impls.errors import PatchRejected
 from harness.impls.fetch import _cached_download
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.impls.registry import get_peer, get_pin, load_pins, probe_hello
 from harness.impls.source import apply_patch, has_rdma_transport
 from harness.impls.supervisor import start_peer_server
@@ -163,7 +163,7 @@ def test_sanitizer_p7_client_library_runs_a_session_like_the_release(tmp_path):
     """The instrumented client library loads into an uninstrumented Python only with its
     runtime preloaded (the manifest's sanitizer_runtimes): read back what it wrote to the
     release server, as the release library does."""
-    from harness.impls.real_client import CtypesClientDriver
+    from harness.impls.ctypes_driver import CtypesClientDriver
     asan, release = _built("p7+asan+ubsan"), _built("p7")
 
     def session(lib_dir: Path, tag: str) -> list:

@@ -18,7 +18,7 @@ import pytest
 from harness.capture.canonical import canonical, first_divergence
 from harness.capture.transcript import C2S, S2C
 from harness.impls.driver import ClientAborted, digest, make_fill
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.rdma import rdma_checks
 from harness.reference.knobs import Misbehaviour
 from harness.reference.server import ConnectionRecord, ReferenceServer

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import digest, make_fill
-from harness.impls.real_client import CtypesClientDriver
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ctypes_driver import CtypesClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.rdma import InProcessRdmaServer, connection_checks
 from harness.proto.constants import RDMA_CHUNK, RDMA_RX_RING
 from harness.transport.caps import ADVERTISE, WITHHOLD

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import ClientAborted, StepFailed, digest, make_fill
-from harness.impls.real_client import ClientHung, CtypesClientDriver, classify_exit, last_error
+from harness.impls.ctypes_driver import ClientHung, CtypesClientDriver, classify_exit, last_error
 
 from test_realclient_support import FakeServer, RealServer, realpeer, require_peer_dir
 

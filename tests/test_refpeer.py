@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import ClientAborted, digest, make_fill
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.reference.client import RefClient, VersionRejected
 from harness.reference.knobs import Misbehaviour
 from harness.reference.server import ReferenceServer

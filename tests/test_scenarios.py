@@ -23,7 +23,7 @@ import scenarios.load
 import scenarios.two_clients
 import scenarios.weights_cache
 from harness.impls.adapters import Adapter
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.cells import expand
 from harness.matrix.execute import PlannedCell, Timeouts, plan, run_cell, run_cells
 from harness.matrix.model import load_matrix

@@ -16,7 +16,7 @@ import pytest
 
 from harness.capture.canonical import first_divergence
 from harness.capture.loadprof_log import LoadProfError, of_side, parse_loadprof
-from harness.impls.ref_client import RefClientDriver
+from harness.impls.ref_driver import RefClientDriver
 from harness.impls.registry import Peer, PeerError, get_peer, probe_hello, verify_peer
 from harness.impls.supervisor import ServerProcess, start_reference_server
 from harness.proto import HASH_THRESHOLD, SERVER_FLAG_CACHE
@@ -90,7 +90,7 @@ def load(client, srv, tmp: Path, env: dict | None = None):
     ``client``: a real Peer (its C client library) or "ref" (the reference 7.0.0+flags client).
     Returns (step results, canonical wire, the client's log lines).
     """
-    from harness.impls.real_client import LOG_LINES, CtypesClientDriver
+    from harness.impls.ctypes_driver import LOG_LINES, CtypesClientDriver
     driver = RefClientDriver("7.0.0+flags") if client == "ref" else \
         CtypesClientDriver(client.lib_dir, proto="7.0.0", env=env)
     results, wire = run_session(driver, srv, tmp, steps=LOAD)

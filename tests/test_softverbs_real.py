@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from harness.impls.driver import digest, make_fill
-from harness.impls.real_client import CtypesClientDriver
+from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.transport.softverbs import ACTIVATED_RE, softverbs_env
 
 from softverbs_support import (

@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from ..impls import ctypes_agent as ca
-from ..impls.real_client import CtypesClientDriver
+from ..impls.ctypes_driver import CtypesClientDriver
 
 _PATTERN_BYTES = 1 << 20
 

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..impls.ref_client import RefClientDriver
+from ..impls.ref_driver import RefClientDriver
 from ..impls.pins import PROJECT_ROOT
 from ..impls.registry import get_peer
 from ..impls.supervisor import ServerProcess, start_peer_server, start_reference_server

@@ -82,7 +82,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
             return run_libfuzzer_campaign(cfg, on_progress=on_progress, progress_build=lambda
                                           line: console.print(line, highlight=False))
     elif target.startswith(CLIENT_PREFIX):
-        from .client import ClientCampaignConfig, run_client_campaign
+        from .client_targets import ClientCampaignConfig, run_client_campaign
         cfg = ClientCampaignConfig(peer=target[len(CLIENT_PREFIX):], duration=seconds, seed=seed,
                                    out=out, step_timeout=max(deadline, 5.0))
         runner = run_client_campaign
@@ -135,7 +135,7 @@ def replay_command(console: Console, file: Path, *, target: str | None, dialect:
                                     deadline=deadline, allow=allow)
     try:
         if target.startswith(CLIENT_PREFIX):
-            from .client import replay_client_finding
+            from .client_targets import replay_client_finding
             result = replay_client_finding(file, target[len(CLIENT_PREFIX):])
         else:
             from .replay import replay

@@ -114,14 +114,14 @@ class Adapter:
     def new_client(self, *, step_timeout: float = 60.0, knobs: Misbehaviour | None = None,
                    transport_factory=None) -> ClientDriver:
         if self.kind == "ref":
-            from .ref_client import RefClientDriver
+            from .ref_driver import RefClientDriver
             return RefClientDriver(self.dialect, knobs=knobs, timeout=step_timeout,
                                    transport_factory=transport_factory)
         if self.kind == "docker":
             from .docker_adapter import DockerClientDriver
             return DockerClientDriver(self.docker_image(), proto=get_dialect(self.dialect).version_str,
                                       step_timeout=step_timeout, name=self.name)
-        from .real_client import CtypesClientDriver
+        from .ctypes_driver import CtypesClientDriver
         peer = self.peer()
         return CtypesClientDriver(peer.lib_dir, proto=peer.proto, step_timeout=step_timeout,
                                   name=self.name)

@@ -35,7 +35,7 @@ from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, built_entries, manifest_pr
     read_manifest, write_manifest
 from .pins import Pin, load_pins, patch_sha256
 from .progress import BuildProgress, LineProgress, RichBuildProgress, as_progress
-from .realpeer import staged_peer
+from .built_peer import staged_peer
 from .recipe import cmake_flags
 from .registry import resolve_pin
 from .source import apply_patch, has_rdma_transport, header_proto, server_target

@@ -28,7 +28,7 @@ import psutil
 
 from ..strictness import strict
 from .driver import ExitInfo
-from .real_client import CtypesClientDriver
+from .ctypes_driver import CtypesClientDriver
 from .supervisor import (BANNER_RE, ServerProcess, ServerStartError,
                          _socket_inodes_of, exit_info_from, listening_inodes, start_retrying)
 
@@ -316,7 +316,7 @@ def _agent_mounts() -> list[str]:
     venv (numpy) and the package; the client library stays the image's."""
     import numpy
 
-    from .real_client import _package_root
+    from .ctypes_driver import _package_root
     wanted = (sys.base_prefix, sys.prefix, str(Path(numpy.__file__).parents[1]), _package_root())
     # both spellings: the venv's python is a link into the base interpreter's prefix
     dirs = {f(p) for p in wanted for f in (os.path.abspath, os.path.realpath)}

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from .cache import cache_root
 from .driver import ExitInfo
-from .real_client import classify_exit
+from .ctypes_driver import classify_exit
 
 SHIM_SOURCE = Path(__file__).with_name("rpc_preload.c")
 SHIM_NAME = "librpc_preload.so"

@@ -20,7 +20,7 @@ from .errors import (ImplError, MislabelledPeer, PeerError, PeerNotFound, PeerUn
 from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, built_entries, manifest_problem, \
     read_manifest
 from .pins import SANITIZER_TAGS, Pin, get_pin, load_pins, parse_pins
-from .realpeer import RealPeer, peer_from_pin
+from .built_peer import RealPeer, peer_from_pin
 from .source import header_proto
 from .user_builds import SERVER_NAMES, add_user_build, remove_user_build, user_peers
 from .verify import Verification, hello_request, probe_hello, verify_peer

@@ -14,7 +14,7 @@ from .cache import user_peers_file
 from .errors import MislabelledPeer, PeerError
 from .manifest import MANIFEST_FORMAT
 from .pins import load_pins
-from .realpeer import RealPeer, peer_from_user_record
+from .built_peer import RealPeer, peer_from_user_record
 from .source import header_proto
 from .verify import verify_peer
 

@@ -88,7 +88,7 @@ class SoftRdmaAdapter(Adapter):
             from .soft_ref import SoftRefClientDriver
             return SoftRefClientDriver(self.dialect, env=self.client_env,
                                        step_timeout=step_timeout, name=self.name)
-        from ..impls.real_client import CtypesClientDriver
+        from ..impls.ctypes_driver import CtypesClientDriver
         peer = self.peer()
         return CtypesClientDriver(peer.lib_dir, proto=peer.proto, step_timeout=step_timeout,
                                   name=self.name, env=self.client_env)

@@ -27,7 +27,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..impls.real_client import CtypesClientDriver
+from ..impls.ctypes_driver import CtypesClientDriver
 
 AGENT = "harness.matrix.soft_ref"
 ABORT_STATUS = 128 + signal.SIGABRT  # what classify_exit reads as the library's abort
@@ -86,7 +86,7 @@ def _serve(a) -> int:
 
 def _agent(a) -> int:
     from ..impls.driver import ClientAborted, StepFailed
-    from ..impls.ref_client import RefClientDriver
+    from ..impls.ref_driver import RefClientDriver
     from ..transport.rdma_core import config_for_dialect
 
     events = os.fdopen(os.dup(1), "w", buffering=1)  # stdout is the event stream only

@@ -74,7 +74,7 @@ def resolve_target(name: str) -> TargetSpec:
 
 
 @dataclass
-class Observation:
+class RdmaOutcome:
     """One case against the target: the worker's result and the finding class, if any."""
 
     result: dict
@@ -149,13 +149,13 @@ class RdmaSession:
             self.qp_totals.update(errors=q["errors"], rnr_naks=q["rnr_naks_received"])
         return qps
 
-    def observe(self, case: RdmaCase) -> Observation:
+    def observe(self, case: RdmaCase) -> RdmaOutcome:
         res = self._call({"op": "case", "case": case.to_json(), "endpoint": self.endpoint,
                           "timeout": self.deadline})
         if res.get("verdict") == "no-rdma":
             raise TargetError(f"{self.target.spec.name} did not switch to RDMA after HELLO "
                               "(is it an RDMA build? is the soft device loaded?)")
-        obs = Observation(res)
+        obs = RdmaOutcome(res)
         info = self.target.exit_info() if res["verdict"] == "ok" else \
             self.target.wait_exit(DEATH_WAIT)
         if info is None and (res["verdict"] != "ok" or not case.legal):
@@ -332,7 +332,7 @@ def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None =
         if on_progress is not None:
             on_progress(progress)
 
-    def count(case: RdmaCase, obs: Observation) -> None:
+    def count(case: RdmaCase, obs: RdmaOutcome) -> None:
         stats["cases"] += 1
         stats["generated"] += 1
         stats["frames"] += SETUP_FRAMES + len(case.requests)
@@ -410,7 +410,7 @@ def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None =
 
 
 def _save_finding(session: RdmaSession, cfg: RdmaCampaignConfig, case: RdmaCase,
-                  obs: Observation, found_after: float, stats: Counter) -> dict:
+                  obs: RdmaOutcome, found_after: float, stats: Counter) -> dict:
     sig = obs.signature
     t0 = time.monotonic()
     small, attempts = minimise(session, case, sig, cfg.shrink_seconds)

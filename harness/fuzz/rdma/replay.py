@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..signature import Signature
-from .campaign import REPRO_FORMAT, Observation, RdmaSession, resolve_target, same_finding
+from .campaign import REPRO_FORMAT, RdmaOutcome, RdmaSession, resolve_target, same_finding
 from .plans import RdmaCase
 
 
@@ -35,7 +35,7 @@ def reproducer_path(path: str | Path) -> Path | None:
 @dataclass
 class RdmaReplayResult:
     expected: Signature | None
-    observation: Observation
+    observation: RdmaOutcome
     target: str
     case: RdmaCase
 

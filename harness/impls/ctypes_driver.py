@@ -22,7 +22,7 @@ from collections import deque
 from pathlib import Path
 
 from .driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, StepResult
-from .realpeer import client_library_env
+from .built_peer import client_library_env
 
 DEFAULT_STEP_TIMEOUT = 60.0
 STARTUP_TIMEOUT = 30.0

@@ -1,7 +1,7 @@
 """Client targets: a real client library facing a malicious reference server.
 
 ``harness fuzz --target client:p7`` runs the peer's own ``libggml-rpc`` (the ctypes agent,
-:class:`~harness.impls.real_client.CtypesClientDriver`) through a realistic session against
+:class:`~harness.impls.ctypes_driver.CtypesClientDriver`) through a realistic session against
 the reference server with misbehaviour knobs (:mod:`harness.reference.knobs`) drawn by
 hypothesis: the HELLO flags byte and ``conn_caps`` (the shared flag mutations), the announced
 version, and response lengths (HELLO's, or any command's answer one byte longer), a close
@@ -39,7 +39,7 @@ from hypothesis import strategies as st
 from ..capture.pcap import write_pcap
 from ..capture.proxy import RecordingProxy
 from ..impls.driver import ClientAborted, StepFailed
-from ..impls.real_client import ClientHung, CtypesClientDriver
+from ..impls.ctypes_driver import ClientHung, CtypesClientDriver
 from ..impls.registry import PeerError, get_peer
 from ..reference.knobs import Misbehaviour
 from ..reference.server import ReferenceServer
