@@ -25,7 +25,8 @@ system-deps:
 	bash .ci/system-deps
 
 # p7 and p7f (p7 + the project's seed-000 patch) first with llama-simple (the model-load
-# clients), then every other pin, then the variants: a sanitizer build of p7, and the RDMA
+# clients), then every other pin, then the variants: sanitizer builds of p7 and of p5 (the
+# pre-7.0.0 tree the reviewed UBSan suppression is checked on), and the RDMA
 # builds of p7 and p7f (each its own entry; they need libibverbs-dev) that the matrix's
 # no-bump-rdma design and the soft-device tests run, then the registry builds the tests use.
 # Cached builds are instant.
@@ -33,7 +34,7 @@ peers: $(STAMP) system-deps
 	$(BIN)/harness peers build p7 --extra-target llama-simple
 	$(BIN)/harness peers build p7f --extra-target llama-simple
 	$(BIN)/harness peers build --all
-	$(BIN)/harness peers build p7 --sanitize address,undefined
+	$(BIN)/harness peers build p7 p5 --sanitize address,undefined
 	$(BIN)/harness peers build p7 --rdma
 	$(BIN)/harness peers build p7f --rdma
 	$(BIN)/harness peers build $(REGISTRY_TEST_BUILDS)

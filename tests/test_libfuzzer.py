@@ -236,6 +236,36 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     assert aborts and any(f["replays"] for f in aborts)
 
 
+@pytest.mark.realpeer
+@pytest.mark.slow
+def test_execution_profile_accounts_for_every_phase_of_every_run(tmp_path):
+    """The target's phase clock: one set-up and one teardown per execution, one phase per
+    request read, shares that add up; a GRAPH_COMPUTE input puts time under GRAPH_COMPUTE."""
+    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, sanitizer_env
+    from harness.fuzz.libfuzzer.profile import ProfileError, profile_corpus, render_markdown
+    build = _p7_target()
+    cases = [c for c in valid_cases(60) if any(s.cmd == "GRAPH_COMPUTE" for s in c.steps)][:3]
+    assert cases
+    for c in cases:
+        lfc.write_input(tmp_path / "in", lfc.case_to_input(c))
+    env = sanitizer_env(LibFuzzerConfig(target="p7"), None)
+    p = profile_corpus(build.binary, [tmp_path / "in"], env, D, runs_each=2)
+    n = len(list((tmp_path / "in").iterdir()))
+    phases = {x["phase"]: x for x in p["phases"]}
+    # an input that ends the process (a sanitizer report) is left out, the others all count
+    assert p["inputs"] + len(p["left_out"]) == n and p["inputs"] >= 1
+    assert p["executions"] >= p["inputs"] * 2
+    assert phases["set-up"]["count"] == phases["teardown"]["count"] == p["executions"]
+    assert phases["HELLO"]["count"] == p["executions"]
+    assert phases["GRAPH_COMPUTE"]["us_per_execution"] > 0
+    assert abs(sum(x["share"] for x in p["phases"]) - 1) < 1e-6
+    assert "| GRAPH_COMPUTE |" in "\n".join(render_markdown(p, 1000.0))
+    # Planted fault: a binary that writes no profile (a target built before the clock) is an
+    # error, not an empty table.
+    with pytest.raises(ProfileError, match="without its profile"):
+        profile_corpus(Path("/bin/true"), [tmp_path / "in"], env, D)
+
+
 def test_cli_engine_option_refuses_what_it_cannot_run():
     from typer.testing import CliRunner
 

@@ -9,7 +9,9 @@ keeps in the download cache.
 from __future__ import annotations
 
 import difflib
+import struct
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -157,6 +159,53 @@ def test_sanitizer_p7_answers_a_session_like_the_release(tmp_path):
     release = get_peer("p7")
     if release.available:
         assert sanitized == _session(release, tmp_path, "release")[0]
+
+
+def _add_graph(peer, tmp_path: Path, tag: str, env: dict[str, str] | None = None):
+    """HELLO, one buffer, a + b as a one-node graph: (the sum read back or None, the server's
+    exit status or None when alive, its log)."""
+    from harness.proto import ggml
+    from harness.proto.tensor import RpcTensor
+    from harness.proto.errors import ProtocolError
+    from harness.reference.client import RefClient
+    from harness.reference.errors import ReferencePeerError
+    with start_peer_server(peer, workdir=tmp_path / tag, env=env) as server:
+        got = None
+        try:
+            c = RefClient.connect(server.host, server.port, peer.dialect or peer.proto,
+                                  timeout=60)
+            ptr, _ = c.alloc_buffer(1024)
+            base = c.buffer_get_base(ptr)
+            a = RpcTensor.make(id=0x10, ne=(4,), buffer=ptr, data=base, name="a")
+            b = a.with_(id=0x20, data=base + 64)
+            out = a.with_(id=0x30, data=base + 128, op=ggml.OP["ADD"], flags=ggml.FLAG_COMPUTE,
+                          src=(0x10, 0x20) + (0,) * 8)
+            c.set_tensor(a, struct.pack("<4f", 1, 2, 3, 4))
+            c.set_tensor(b, struct.pack("<4f", 10, 20, 30, 40))
+            c.graph_compute([0x30], [a, b, out])
+            got = struct.unpack("<4f", bytes(c.get_tensor(out, 0, 16)))
+            c.close()
+        except (OSError, ReferencePeerError, ProtocolError):
+            deadline = time.monotonic() + 15  # the sanitizer's report, then its abort
+            while server.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+        return got, server.poll(), server.log_text()
+
+
+def test_sanitizer_p5_gets_past_a_graph_with_the_reviewed_suppression(tmp_path):
+    """Before 7.0.0 ggml sized a graph from a null base, which UBSan reports on the first
+    GRAPH_COMPUTE of every session. harness/impls/ubsan.supp suppresses exactly that report:
+    the clang-built p5+asan+ubsan computes the graph as the release does and keeps serving;
+    with the server's UBSAN_OPTIONS lacking the file (the planted fault) it dies there."""
+    asan = _built("p5+asan+ubsan")
+    got, status, log = _add_graph(asan, tmp_path, "suppressed")
+    assert got == (11, 22, 33, 44) and status is None, log[-3000:]
+    assert "runtime error" not in log
+    bare = sanitize.runtime_env(("undefined",), env={})["UBSAN_OPTIONS"]
+    bare = ":".join(o for o in bare.split(":") if not o.startswith("suppressions="))
+    got, status, log = _add_graph(asan, tmp_path, "bare", env={"UBSAN_OPTIONS": bare})
+    assert got is None and status is not None, log[-3000:]
+    assert "applying non-zero offset" in log and "incr_ptr_aligned" in log, log[-3000:]
 
 
 def test_sanitizer_p7_client_library_runs_a_session_like_the_release(tmp_path):

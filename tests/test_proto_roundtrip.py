@@ -583,3 +583,36 @@ def test_hello_frames_are_stable(name):
     """TV-1: the plain HELLO request is the same 33 bytes in every primary dialect."""
     assert pack_request(get_dialect(name), HelloRequest()).hex() == (
         "0e18000000000000000000000000000000000000000000000000000000000000" "00")
+
+
+def test_big_graphs_decode_once_and_the_memo_stays_bounded(monkeypatch):
+    """Decoded graphs are memoised by payload (the fuzzer re-decodes corpus steps): a second
+    decode gives the same message without decoding, a refusal is raised again with its field,
+    and the memo drops its oldest graphs past its byte bound."""
+    from harness.proto import codec
+    from harness.proto.messages import GraphComputeRequest
+    from harness.proto.tensor import RpcTensor
+    d = get_dialect("8.0.0")
+    monkeypatch.setattr(codec, "_graph_memo", type(codec._graph_memo)())
+    monkeypatch.setattr(codec, "_graph_memo_size", 0)
+    tensors = tuple(RpcTensor.make(id=i + 1, ne=(4,)) for i in range(40))
+    msg = GraphComputeRequest(0, 7, (1,), tensors)
+    payload = codec.pack_request_payload(d, msg)
+    assert len(payload) >= codec.GRAPH_MEMO_MIN
+    calls = []
+    real = codec._unpack_graph
+    monkeypatch.setattr(codec, "_unpack_graph", lambda *a: calls.append(1) or real(*a))
+    first = codec.unpack_request_payload(d, Cmd.GRAPH_COMPUTE, bytearray(payload))
+    second = codec.unpack_request_payload(d, Cmd.GRAPH_COMPUTE, memoryview(payload))
+    assert first == second == msg and len(calls) == 1
+    short = payload[:-1]  # n_tensors promises one byte more than there is
+    for _ in range(2):
+        with pytest.raises(RemoteProtocolError) as e:
+            codec.unpack_request_payload(d, Cmd.GRAPH_COMPUTE, short)
+        assert e.value.field == "n_tensors" and "40 tensors" in e.value.reason
+    assert len(calls) == 2
+    monkeypatch.setattr(codec, "GRAPH_MEMO_BYTES", 2 * len(payload))
+    for uid in range(8, 12):  # four more graphs: only the newest fit
+        codec.unpack_request_payload(d, Cmd.GRAPH_COMPUTE, codec.pack_request_payload(
+            d, GraphComputeRequest(0, uid, (1,), tensors)))
+    assert codec._graph_memo_size <= 2 * len(payload) and len(codec._graph_memo) == 2

@@ -86,6 +86,18 @@ def test_every_boundary_case_sends_the_request_it_is_labelled_with():
                          "scalar_class", "range_class", "graph_class", "cache_flag"}
 
 
+def test_the_sweep_credits_every_tensor_role_with_its_buffer_and_data_fields():
+    """A placement naming another buffer is about the buffer field, one in the tensor's own
+    buffer about its data pointer: both are reached for every role (a 10-minute p8 campaign
+    had left srcs[].buffer of GET_ALLOC_SIZE unreached)."""
+    _, regions = sw._setup(D8)
+    fields = {(desc["cmd"], desc["field"]) for _, _, desc, _ in sw._boundary_requests(D8, regions)
+              if desc["what"] == "placement"}
+    for cmd, (msg, roles) in sw.baselines(D8, regions).items():
+        for slot, _ in roles.values():
+            assert {(cmd.value, f"{slot}.buffer"), (cmd.value, f"{slot}.data")} <= fields, slot
+
+
 def test_the_walk_draws_every_operator_and_command_the_same_way_twice():
     first = list(sw.catalogue_walk("7.0.0", local_only=False))
     pairs = {f"{op.kind}:{op.what}:{c.value if c is not None else 'UNKNOWN'}"

@@ -201,12 +201,21 @@ def coverage_summary(dialect: str, coverage: Counter, *, local_only: bool = True
         hit = sum(1 for c in exercised if c["kind"] == kind)
         by_kind[kind] = {"exercised": hit, "catalogue": total}
     command_field = {cmd: dict(sorted(f.items())) for cmd, f in sorted(fields.items())}
+    # fields only withheld operators write: never sent by the rule, so not "not reached"
+    open_fields = {(c["cmd"], f) for c in catalogue
+                   if f"{c['kind']}:{c['what']}:{c['cmd']}" not in withheld for f in c["fields"]}
+    withheld_fields = {cmd: sorted(f for f, n in fs.items()
+                                   if not n and (cmd, f) not in open_fields)
+                       for cmd, fs in command_field.items()}
+    withheld_fields = {cmd: fs for cmd, fs in withheld_fields.items() if fs}
     return {
         "mutations_exercised": len(exercised), "mutations_catalogue": len(catalogue),
         "by_kind": by_kind, "missing": missing, "withheld": withheld,
         "command_field": command_field,
         "fields_exercised": sum(1 for f in command_field.values() for n in f.values() if n),
-        "fields_catalogue": sum(len(f) for f in command_field.values()),
+        "fields_catalogue": sum(len(f) for f in command_field.values())
+        - sum(len(f) for f in withheld_fields.values()),
+        "fields_withheld": withheld_fields,
         "valid_commands": dict(sorted(valid.items())),
         "mutated_messages": sum(seen_ops.values()), "valid_messages": sum(valid.values()),
     }
@@ -354,9 +363,12 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
               f"{cov.get('fields_exercised', 0)} of {cov.get('fields_catalogue', 0)} command x "
               "field pairs of the registry reached):", "",
               "| command | fields reached | not reached |", "|---|---|---|"]
+    withheld_fields = cov.get("fields_withheld", {})
     for cmd, fields in cov["command_field"].items():
+        held = withheld_fields.get(cmd, [])
         lines.append(f"| {cmd} | " + ", ".join(f"{k} {v}" for k, v in fields.items() if v)
-                     + " | " + ", ".join(k for k, v in fields.items() if not v) + " |")
+                     + " | " + ", ".join(k for k, v in fields.items() if not v and k not in held)
+                     + (f" (withheld: {', '.join(held)})" if held else "") + " |")
     lines += ["", "Valid messages per command: " + ", ".join(
         f"{k} {v:,}" for k, v in cov["valid_commands"].items()), ""]
     if cov["missing"]:

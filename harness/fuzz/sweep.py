@@ -204,8 +204,11 @@ def _all_boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict
             own = _own(regions, t)
             index_extra = {"index": index} if slot.endswith("[]") else {}
             for case, handle, data in placement_cases(regions, own, _tensor_nbytes(t)):
+                # the field credited is the one the case is about: the buffer when it names
+                # another (or no) buffer, else the data pointer
+                written = "buffer" if handle != t.buffer else "data"
                 yield (f"placement:{cmd.value} {role} {case}", cmd,
-                       _desc(d, "field", "placement", cmd, f"{slot}.data", f"{role}: {case}",
+                       _desc(d, "field", "placement", cmd, f"{slot}.{written}", f"{role}: {case}",
                              value=data, **index_extra),
                        _replace_tensor(msg, slot, index, replace(t, buffer=handle, data=data)))
             for case, ne, nb, type_ in shape_cases(t):

@@ -8,6 +8,7 @@ about running under the harness rather than about bugs: ``verify_asan_link_order
 the server is started through ``stdbuf`` (an LD_PRELOAD that would otherwise come before the
 ASan runtime), and ``allocator_may_return_null=1`` so an oversized ALLOC_BUFFER fails the way
 it does in the release build (NULL, answered on the wire) instead of as an ASan report.
+UBSan reads the reviewed suppressions of ``ubsan.supp`` (shared with the in-process target).
 """
 
 from __future__ import annotations
@@ -26,10 +27,15 @@ from pathlib import Path
 COMPILE_FLAGS = ("-g", "-O1", "-fno-omit-frame-pointer")
 
 _COMMON = {"abort_on_error": "1", "print_summary": "1", "symbolize": "1"}
+# A suppressed check must be recoverable to be skipped (clang and gcc build UBSan's checks
+# recoverable by default; halt_on_error still stops at every report not suppressed).
+UBSAN_SUPPRESSIONS = Path(__file__).with_name("ubsan.supp")
+RECOVERABLE = ("pointer-overflow",)  # the checks ubsan.supp names
 RUNTIME_OPTIONS: dict[str, dict[str, str]] = {
     "address": {**_COMMON, "halt_on_error": "1", "detect_leaks": "0",
                 "verify_asan_link_order": "0", "allocator_may_return_null": "1"},
-    "undefined": {**_COMMON, "halt_on_error": "1", "print_stacktrace": "1"},
+    "undefined": {**_COMMON, "halt_on_error": "1", "print_stacktrace": "1",
+                  "suppressions": str(UBSAN_SUPPRESSIONS)},
     "thread": {**_COMMON, "halt_on_error": "1"},
     "leak": {**_COMMON},
 }

@@ -34,7 +34,7 @@ from ...impls.errors import BuildError
 from ...impls.fetch import download, unpack_sdist
 from ...impls.progress import as_progress
 from ...impls.registry import resolve_pin
-from ...impls.sanitize import CLANG_VERSION, compile_flag
+from ...impls.sanitize import CLANG_VERSION, RECOVERABLE, compile_flag
 from ...impls.tools import run_logged, tool_env
 
 HERE = Path(__file__).resolve().parent
@@ -46,8 +46,11 @@ FLAVOURS = ("libfuzzer", "coverage")
 
 # ASan and UBSan with the checks the clang-built live sanitizer servers have
 # (harness.impls.sanitize), so every sanitizer finding of this target can replay against one.
+# Every report is fatal but those of the checks ubsan.supp may suppress: a suppression only
+# applies to a recoverable check (halt_on_error=1 still stops at what it does not name).
 SANITIZER_FLAGS = "-O1 -g -fno-omit-frame-pointer " \
-                  f"{compile_flag(('address', 'undefined'), clang=True)} -fno-sanitize-recover=all"
+                  f"{compile_flag(('address', 'undefined'), clang=True)} " \
+                  f"-fno-sanitize-recover=all -fsanitize-recover={','.join(RECOVERABLE)}"
 COVERAGE_FLAGS = "-O1 -g -fprofile-instr-generate -fcoverage-mapping"
 
 
@@ -103,7 +106,8 @@ def ensure_toolchain(*, install: bool = True) -> dict[str, str]:
 
 
 def sources_hash() -> str:
-    h = hashlib.sha1()
+    """What the built target depends on besides the tree: the harness's sources and flags."""
+    h = hashlib.sha1(SANITIZER_FLAGS.encode() + b"\0" + COVERAGE_FLAGS.encode() + b"\0")
     for name in SOURCES:
         h.update(name.encode() + b"\0" + (HERE / name).read_bytes())
     return h.hexdigest()[:10]

@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ...impls.sanitize import UBSAN_SUPPRESSIONS
 from ...proto import DEFAULT, get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
@@ -44,6 +45,7 @@ from ..target_spec import TargetSpec
 from ..errors import TargetError
 from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target, tool
+from .profile import ProfileError, profile_corpus, render_markdown as render_profile_markdown
 
 ENGINE = "libfuzzer"
 SANITIZE = ("address", "undefined")  # what the in-process target is built with
@@ -144,8 +146,10 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
                ASAN_OPTIONS=f"allocator_may_return_null=1:max_allocation_size_mb={as_mb}:{rss}"
                             "detect_leaks=0:handle_abort=0:symbolize=1:"
                             "print_summary=1:detect_stack_use_after_return=0",
-               # Every check is fatal by the build (-fno-sanitize-recover=all).
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1",
+               # Every check is fatal (the build's -fno-sanitize-recover=all, halt_on_error
+               # for the few it keeps recoverable) unless the reviewed list suppresses it.
+               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1:"
+                             f"suppressions={UBSAN_SUPPRESSIONS}",
                GGML_NO_BACKTRACE="1")
     symbolizer = tool("llvm-symbolizer")
     if symbolizer:
@@ -474,6 +478,11 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
                                               out / "coverage")
         except (BuildError, OSError, subprocess.SubprocessError) as e:
             server_coverage = {"error": str(e)}
+    try:  # after the campaign, on the corpus it kept: what one execution costs, by phase
+        execution_profile = profile_corpus(build.binary, [dirs["inputs"]],
+                                           sanitizer_env(cfg, None, baseline), dialect)
+    except ProfileError as e:
+        execution_profile = {"error": str(e)}
     last = timeline.last
     progress.workers[0] = {"stats": {"cases": last["execs"], "frames": 0, "restarts": 0,
                                      "verdicts": sum(seen.values())},
@@ -498,6 +507,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         "findings_by_class": dict(Counter(_class_of(f["signature"]) for f in findings)),
         "rss_baseline_mb": baseline,
         "server_coverage": server_coverage, "binary": str(build.binary),
+        "execution_profile": execution_profile,
     })
     report["messages_counted"] = False  # in process one execution is one connection
     report["workers_never_listened"] = []  # no server listens: executions say it ran
@@ -660,6 +670,7 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
                   f"{RELEASE_SURVIVED if f.get('release_replays') is False else ''} |"
                   for f in replayed]
         lines.append("")
+    lines += render_profile_markdown(r.get("execution_profile"), r.get("executions_per_s"))
     from ..coverage import render_coverage_markdown
     lines += render_coverage_markdown(r.get("server_coverage"))
     return head + "\n".join(lines) + "\n" + sep + rest

@@ -28,6 +28,7 @@
 #include <new>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <string>
 #include <typeinfo>
 #include <unordered_set>
@@ -45,6 +46,70 @@ constexpr size_t kAnswerKept = 16;  // the largest answer payload it learns from
 // HARNESS_FUZZ_TRACE=1: one line per command byte read, so a crash report says which
 // request of the input was running (the Python driver names the finding after it).
 static bool g_trace = false;
+
+// HARNESS_FUZZ_PROFILE=path: where an execution's time goes, written to path at exit as one
+// JSON object (harness/fuzz/libfuzzer/profile.py reads it). A phase runs from one mark to the
+// next: set-up (the input copied, the connection accepted, up to the first command byte), each
+// request (its command byte read .. the next one: payload read, the server's work, its answer)
+// and teardown (the input's end .. rpc_serve_client returned: the server's buffers freed).
+// Relocation is counted apart as well, inside the requests it happens in.
+enum ProfilePhase { kPhaseSetup = 256, kPhaseTeardown = 257, kPhaseCount = 258 };
+
+struct Profile {
+    const char * path = nullptr;
+    unsigned long long executions = 0;
+    unsigned long long ns[kPhaseCount] = {};
+    unsigned long long count[kPhaseCount] = {};
+    unsigned long long relocation_ns = 0;
+    int phase = kPhaseSetup;
+    unsigned long long mark = 0;
+};
+static Profile g_profile;
+
+static unsigned long long now_ns() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+}
+
+static void profile_enter(int phase) {
+    if (g_profile.path == nullptr) {
+        return;
+    }
+    unsigned long long t = now_ns();
+    g_profile.ns[g_profile.phase] += t - g_profile.mark;
+    g_profile.mark = t;
+    g_profile.phase = phase;
+    g_profile.count[phase] += 1;
+}
+
+static void profile_write() {
+    FILE * f = fopen(g_profile.path, "w");
+    if (f == nullptr) {
+        return;
+    }
+    fprintf(f, "{\"format\": \"ggml-rpc-harness-fuzz-profile/1\", \"executions\": %llu, "
+            "\"relocation_ns\": %llu, \"phases\": {", g_profile.executions,
+            g_profile.relocation_ns);
+    const char * sep = "";
+    for (int i = 0; i < kPhaseCount; ++i) {
+        if (g_profile.count[i] == 0) {
+            continue;
+        }
+        char name[16];
+        if (i == kPhaseSetup) {
+            snprintf(name, sizeof name, "setup");
+        } else if (i == kPhaseTeardown) {
+            snprintf(name, sizeof name, "teardown");
+        } else {
+            snprintf(name, sizeof name, "%d", i);
+        }
+        fprintf(f, "%s\"%s\": [%llu, %llu]", sep, name, g_profile.count[i], g_profile.ns[i]);
+        sep = ", ";
+    }
+    fprintf(f, "}}\n");
+    fclose(f);
+}
 
 struct Connection {
     const uint8_t * original = nullptr;  // the input as libFuzzer gave it (before relocation)
@@ -110,15 +175,23 @@ struct Connection {
         }
         if (input.size() - pos < size) {
             pos = input.size();  // a short read: the client hung up mid-frame
+            if (g_profile.phase != kPhaseTeardown) {
+                profile_enter(kPhaseTeardown);
+            }
             return false;
         }
         if (size >= 8) {
+            unsigned long long t = g_profile.path != nullptr ? now_ns() : 0;
             relocate(pos, pos + size - 7);
+            if (g_profile.path != nullptr) {
+                g_profile.relocation_ns += now_ns() - t;
+            }
         }
         memcpy(data, input.data() + pos, size);
         pos += size;
         if (size == 1) {
             last_cmd = ((const uint8_t *)data)[0];  // servers read the command byte alone
+            profile_enter(last_cmd);
             if (g_trace) {
                 fprintf(stderr, "harness-fuzz: command %d at byte %zu\n", last_cmd, pos - 1);
             }
@@ -403,6 +476,10 @@ extern "C" int LLVMFuzzerInitialize(int * argc, char *** argv) {
     harness_fuzz::g_trace = getenv("HARNESS_FUZZ_TRACE") != nullptr;
     g_cache_dir = getenv("HARNESS_FUZZ_CACHE_DIR");
     harness_fuzz::g_events = getenv("HARNESS_FUZZ_EVENTS");
+    harness_fuzz::g_profile.path = getenv("HARNESS_FUZZ_PROFILE");
+    if (harness_fuzz::g_profile.path != nullptr) {
+        atexit(harness_fuzz::profile_write);
+    }
     harness_fuzz::g_abort = getenv("HARNESS_FUZZ_ABORT") != nullptr;
     harness_fuzz::g_abort_only = getenv("HARNESS_FUZZ_ABORT_ONLY");
     ggml_set_abort_callback(harness_fuzz::on_abort);
@@ -420,6 +497,13 @@ extern "C" int LLVMFuzzerInitialize(int * argc, char *** argv) {
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
+    harness_fuzz::Profile & profile = harness_fuzz::g_profile;
+    if (profile.path != nullptr) {
+        profile.executions += 1;
+        profile.mark = harness_fuzz::now_ns();
+        profile.phase = harness_fuzz::kPhaseSetup;
+        profile.count[harness_fuzz::kPhaseSetup] += 1;
+    }
     harness_fuzz::Connection conn;
     conn.original = data;
     conn.original_size = size;
@@ -444,6 +528,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t * data, size_t size) {
             throw;  // to std::terminate, as in the server
         }
         harness_fuzz::on_exception(line.c_str());
+    }
+    if (profile.path != nullptr) {  // the phase running when the server returned ends here
+        unsigned long long t = harness_fuzz::now_ns();
+        profile.ns[profile.phase] += t - profile.mark;
+        profile.mark = t;
     }
     harness_fuzz::g_next = nullptr;
     harness_fuzz::g_running = nullptr;
