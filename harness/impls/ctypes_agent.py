@@ -32,16 +32,20 @@ import numpy as np
 from .driver import USAGES, digest, make_fill
 from .errors import ImplError
 from ..proto.fnv import fnv1a64
-from ..proto.ggml import TYPES
+from ..proto.constants import Cmd
+from ..proto.dialects import first_with
+from ..proto.ggml import GGML_7, TYPES
 
 vp, sz, i64 = C.c_void_p, C.c_size_t, C.c_int64
 
 MAX_TENSORS = 8192  # objects in the agent's no_alloc ggml context
 GRAPH_MIN_SIZE = 2048  # GGML_DEFAULT_GRAPH_SIZE
-MEMSET_PROTO_MAJOR = 5  # MEMSET_TENSOR appeared in proto 5; older RPC buffers leave it NULL
+# MEMSET_TENSOR's first proto (5): older RPC buffers leave the interface slot NULL
+MEMSET_PROTO_MAJOR = first_with(Cmd.MEMSET_TENSOR, primary_only=False).version[0]
 IFACE_MEMSET_SLOT = 3  # ggml_backend_buffer_i: free_buffer, get_base, init_tensor, memset_tensor
 TYPES_IN_ALL_VERSIONS = 39  # GGML_TYPE_COUNT from late 2024 on; every supported library has these
-TYPES_TABLE_PROTO = (7, 0, 0)  # the proto whose type enum harness.proto.ggml.TYPES is
+# the proto whose type enum harness.proto.ggml.TYPES is
+TYPES_TABLE_PROTO = tuple(int(x) for x in GGML_7.name.split("."))
 # struct ggml_cgraph (ggml-impl.h, 7.0.0 tree): size, n_nodes, n_leafs, five pointers, a hash
 # set of three words, the eval order, then the uid the RPC client compares to reuse a graph.
 # Private, so the agent checks the head it can see (size, n_nodes) before writing the uid; the

@@ -14,6 +14,10 @@ from .errors import MislabelledPeer, VerificationError
 from .supervisor import ServerStartError, start_peer_server
 
 HELLO_TIMEOUT = 5.0
+# The HELLO layouts by major, from the rows: the first major whose HELLO carries conn_caps
+# (what an unknown build is asked first) and the newest without them (the fallback).
+CAPS_MAJOR = min(d.version for d in DIALECTS.values() if d.hello_caps)[0]
+NO_CAPS_MAJOR = max(d.version for d in DIALECTS.values() if not d.hello_caps)[0]
 _RECV_BYTES = 4096  # a HELLO reply is 11 or 36 bytes; more than that is an error the codec names
 
 
@@ -95,15 +99,15 @@ def verify_peer(peer, *, expected: str | None = None, timeout: float = 30.0) -> 
             raise VerificationError(f"{peer.name}: server did not start: {e}") from None
         with server:
             banner = server.banner_version
-            major = int((expected or banner or "4").split(".")[0])
+            major = int((expected or banner or str(CAPS_MAJOR)).split(".")[0])
             try:
                 version, flags = probe_hello(server.host, server.port, major)
             except VerificationError as first:
-                if expected is not None or major < 4:
+                if expected is not None or major < CAPS_MAJOR:
                     raise VerificationError(f"{peer.name}: {first}; log: "
                                             + " | ".join(server.log_tail(6))) from None
                 # Unknown build without a banner: it may be a 3.x server (empty HELLO).
-                version, flags = probe_hello(server.host, server.port, 3)
+                version, flags = probe_hello(server.host, server.port, NO_CAPS_MAJOR)
             hello = version_str(version)
     result = Verification(banner=banner, hello=hello, flags=flags,
                           seconds=time.monotonic() - started)

@@ -136,9 +136,10 @@ DEFAULT = D700
 NEWEST = max((d for d in DIALECTS.values() if d.primary), key=lambda d: d.version)
 
 
-def first_with(cmd: Cmd) -> Dialect:
-    """The oldest primary row that has ``cmd`` (e.g. the communicator commands' dialect)."""
-    rows = [d for d in DIALECTS.values() if d.primary and d.has(cmd)]
+def first_with(cmd: Cmd, *, primary_only: bool = True) -> Dialect:
+    """The oldest (primary, unless ``primary_only`` is off) row that has ``cmd``: the
+    communicator commands' dialect, the first proto with MEMSET_TENSOR."""
+    rows = [d for d in DIALECTS.values() if (d.primary or not primary_only) and d.has(cmd)]
     if not rows:
         raise LocalProtocolError(f"no dialect has {cmd}")
     return min(rows, key=lambda d: (d.version, d.server_flags))
