@@ -71,35 +71,36 @@ D710 = Dialect("7.1.0", (7, 1, 0), _IDS_5, evidence="[INF] worked trial",
                rdma=RDMA_PROTO7, numbering=GGML_7)
 DIALECTS[D710.name] = D710
 '''
-TRIAL_SCENARIO = '''"""Worked trial (tests/test_extending.py): the device count, as the client reads it."""
+TRIAL_SCENARIO = '''"""Worked trial (tests/test_extending.py): the server reports device memory."""
 
 from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
 
 
 @scenario
-class TrialCount(Scenario):
-    id = "trial-count"
-    title = "Trial: the device count"
-    description = "Connect and read the device count."
-    evidence = ("DEVICE_COUNT",)
+class TrialMemory(Scenario):
+    id = "trial-memory"
+    title = "Trial: device memory"
+    description = "Connect and ask for the device's free and total memory."
+    evidence = ("GET_DEVICE_MEMORY",)
 
     def run(self, ctx):
         try:
-            (n,) = run_steps(ctx, [{"op": "device_count"}])
+            (mem,) = run_steps(ctx, [{"op": "device_memory"}])
         except Ended as e:
             return e.observation
-        return Observation(WORKS, checks=[Check("a device", n["count"] >= 1, str(n))])
+        return Observation(WORKS, checks=[Check("memory reported", mem["total"] > 0, str(mem))])
 '''
 TRIAL_MUTATION = '''
 
-@mutation("field", "trial_alignment_device", fields=("device",),
-          applies=lambda d, cmd: cmd is Cmd.GET_ALIGNMENT)
+@mutation("field", "trial_max_size_device", fields=("device",),
+          applies=lambda d, cmd: cmd is Cmd.GET_MAX_SIZE)
 def _(draw, site):
-    return site.mutation("device", replace(site.request, device=0xDEAD), value=0xDEAD)
+    device = draw(st.sampled_from((2, 0xBEEF)))
+    return site.mutation("device", replace(site.request, device=device), value=device)
 '''
 GUIDE_FILES = {  # what docs/EXTENDING.md says each addition touches
     "dialect": ["harness/proto/dialects.py"],
-    "scenario": ["scenarios/trial_count.py", "matrix.yaml"],
+    "scenario": ["scenarios/trial_memory.py", "matrix.yaml"],
     "mutation": ["harness/fuzz/strategies/fields.py"],
 }
 
@@ -149,12 +150,12 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
     anchor = "# The dialects the reference peer is held to byte-exactness for"
     assert anchor in text
     dialects.write_text(text.replace(anchor, TRIAL_ROW.lstrip() + "\n" + anchor, 1))
-    (tree / "scenarios/trial_count.py").write_text(TRIAL_SCENARIO)
+    (tree / "scenarios/trial_memory.py").write_text(TRIAL_SCENARIO)
     matrix = tree / "matrix.yaml"
     m = matrix.read_text()
     assert "\nscenarios: [handshake, " in m
     matrix.write_text(m.replace("\nscenarios: [handshake, ",
-                                "\nscenarios: [trial-count, handshake, ", 1))
+                                "\nscenarios: [trial-memory, handshake, ", 1))
     fields = tree / "harness/fuzz/strategies/fields.py"
     fields.write_text(fields.read_text() + TRIAL_MUTATION)
     changed = {p.relative_to(tree) for p in tree.rglob("*") if p.is_file()
@@ -174,7 +175,7 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
     rc, out = run("-m", "harness", "dialects", "--json")
     assert rc == 0 and '"7.1.0"' in out, out[-2000:]
     rc, out = run("-m", "harness", "list", "--json")
-    assert rc == 0 and "trial-count" in out, out[-2000:]
+    assert rc == 0 and "trial-memory" in out, out[-2000:]
     rc, out = run("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
                   "not realpeer and not slow",
                   "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
@@ -189,7 +190,7 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
         "from harness.scenario import SCENARIOS",
         "c = {x.id: x for x in cases_for('7.1.0')}",
         "assert c['set-tensor-hash-null'].expect_for('7.1.0') == 'closed', c",
-        "assert 'trial-count' in SCENARIOS",
-        "assert any(e['what'] == 'trial_alignment_device' for e in mutation_catalogue('7.1.0'))",
+        "assert 'trial-memory' in SCENARIOS",
+        "assert any(e['what'] == 'trial_max_size_device' for e in mutation_catalogue('7.1.0'))",
         "print('trial ok')")))
     assert rc == 0 and "trial ok" in out, out[-2000:]

@@ -163,3 +163,21 @@ def test_a_recoverable_ubsan_report_does_not_hide_what_killed_the_process():
     assert death_line(ubsan + [assert_line]).startswith("ggml.c:1787: GGML_ASSERT(")
     # Alone, it is the last thing that happened: the report.
     assert sanitizer.parse(ubsan).tool == "UndefinedBehaviorSanitizer"
+
+
+def test_a_death_is_named_after_the_request_the_report_shows_the_server_serving(tmp_path):
+    """A live sanitizer server dies while it prints: the runner's wire view may blame the next
+    request (unanswered because the process was still printing, as seven in-process p7
+    findings were blamed on GET_ALIGNMENT). The report's rpc_server::<method> frame names
+    the request; a report without one leaves the runner's choice alone."""
+    from harness.fuzz.target import Target, TargetSpec
+    from harness.impls.driver import ExitInfo
+    assert report("server-asan-memcpy-param-overlap-copy-tensor.txt").server_method() \
+        == "copy_tensor"
+    assert report("asan-heap-use-after-free.txt").server_method() is None
+    target = Target(TargetSpec.parse("ref"), tmp_path / "t")
+    for fixture, blamed in (("server-asan-memcpy-param-overlap-copy-tensor.txt", "COPY_TENSOR"),
+                            ("asan-heap-use-after-free.txt", "GET_ALIGNMENT")):
+        target.log_lines = lambda f=fixture: (FIX / f).read_text().splitlines()
+        sig, _ = target.death_verdict(ExitInfo(returncode=None, signal=6), "GET_ALIGNMENT")
+        assert sig.command == blamed, fixture

@@ -60,6 +60,9 @@ _RUNTIME_FUNCS = re.compile(r"^(?:__asan|__ubsan|__sanitizer|__interceptor|__int
 _PROJECT_FILE = re.compile(r"(?:^|/)(?:ggml[^/]*/|src/|include/)|ggml")
 
 
+_SERVER_METHOD = re.compile(r"^rpc_server::(\w+)\b")
+
+
 @dataclass(frozen=True)
 class Frame:
     func: str
@@ -116,6 +119,17 @@ class SanitizerReport:
 
     def title(self) -> str:
         return self.signature_line()
+
+    def server_method(self) -> str | None:
+        """The innermost ``rpc_server::<method>`` frame of the stack (``graph_compute``,
+        ``set_tensor``, ...): the request the server was serving when the report fired, which
+        a live replay cannot always tell from the wire (a request without an answer, then the
+        next one unanswered because the sanitizer was still printing)."""
+        for f in self.frames:
+            m = _SERVER_METHOD.match(f.func)
+            if m:
+                return m.group(1)
+        return None
 
 
 def _base(path: str | None) -> str:

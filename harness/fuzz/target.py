@@ -57,6 +57,17 @@ def _loopback_shim():
 
 # ---------------------------------------------------------------- targets
 
+def _reported_command(report, dialect: str | None) -> str | None:
+    """The command a sanitizer report's stack says the server was serving (its
+    ``rpc_server::<method>`` frame), when the dialect has a command of that name."""
+    method = report.server_method() if report is not None else None
+    if method is None:
+        return None
+    cmd = next((c for c in get_dialect(dialect or DEFAULT.name).cmd_ids
+                if c.value == method.upper()), None)
+    return cmd.value if cmd is not None else None
+
+
 class Target:
     """One live target process, restarted on demand. Not thread-safe; one per worker."""
 
@@ -379,6 +390,7 @@ class Target:
         lines = self.log_lines()
         report = sanitizer.parse(lines)
         kind = report.kind if report is not None and not report.is_abort else "crash"
+        command = _reported_command(report, self.dialect) or command
         sig = Signature(kind, signal_text(info), death_line(lines), command)
         raw = without_paths(death_line(lines, raw=True))
         if raw.startswith(sig.signal):  # the fault shim's line names the signal itself
