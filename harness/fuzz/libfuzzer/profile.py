@@ -161,11 +161,13 @@ def render_markdown(p: dict | None, campaign_rate: float | None = None) -> list[
              f"The target's own phase clock over {p['inputs']:,} corpus inputs, each run "
              f"{p['runs_each']} times ({p['executions']:,} executions, "
              f"{p['wall_seconds']:.1f} s): {p['us_per_execution']:,.1f} us per execution in "
-             f"the target, so at most {p['executions_per_s_in_target']:,.0f} executions/s "
-             "on one core" + (f" (the campaign ran {campaign_rate:,.0f}/s: the rest is "
-                             "libFuzzer's mutation and coverage bookkeeping, and the fork "
-                             "jobs' restarts)" if campaign_rate else "") +
-             f". Relocation took {p['relocation_us_per_execution']:.2f} us of it; the CPU "
+             f"the target ({p['executions_per_s_in_target']:,.0f} executions/s of the kept "
+             "corpus on one core; the kept corpus is not the campaign's mix: it holds the "
+             "inputs that reached something, graphs among them"
+             + (f"; the campaign ran {campaign_rate:,.0f} executions/s in all, libFuzzer's "
+                "mutation, coverage bookkeeping and fork-job restarts included" if campaign_rate
+                else "") +
+             f"). Relocation took {p['relocation_us_per_execution']:.2f} us of it; the CPU "
              "backend is made once per process, not per input."
              + (f" Left out: {len(p['left_out'])} input(s) that end the process (a sanitizer "
                 "report)." if p.get("left_out") else ""), "",
