@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from harness.impls.driver import ClientAborted, digest, make_fill
+from harness.impls.driver import digest, make_fill
 from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.impls.registry import list_peers
 from harness.impls.supervisor import start_peer_server
@@ -35,11 +34,6 @@ def _major(peer) -> int:
     return int((peer.proto or peer.verified_proto or "0").split(".")[0])
 
 
-# The summary line of that report (the pin's ggml.c; its line differs between pins).
-KNOWN_NULL_OFFSET = re.compile(r"UndefinedBehaviorSanitizer: undefined-behavior \S*/ggml/src/"
-                               r"ggml\.c:\d+:\d+")
-
-
 @peer_marker(not BUILT, "no real peer is built: `harness peers build --all`")
 @pytest.mark.parametrize("peer", BUILT, ids=[p.name for p in BUILT])
 def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
@@ -49,13 +43,6 @@ def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
             drv.run({"op": "connect", "endpoint": srv.endpoint})
             res = [drv.run(s).result for s in BASIC_SESSION]
             drv.run({"op": "close"})
-        except ClientAborted as e:
-            if peer.sanitize and peer.proto and peer.proto < "7" and KNOWN_NULL_OFFSET.search(str(e)):
-                # A bug of the pin's own code, not of the harness: before 7.0.0,
-                # ggml_graph_nbytes sizes a graph by adding offsets to a null pointer
-                # (incr_ptr_aligned), which clang's UBSan reports on the first graph.
-                pytest.xfail(f"{peer.name}: the pin's known UB in ggml.c: {e}")
-            raise
         finally:
             info = drv.close()
     x = make_fill(FILL_X, 128).view(np.float32)

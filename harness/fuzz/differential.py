@@ -628,7 +628,7 @@ def render_markdown(r: dict) -> str:
               f"| sessions | {r['cases']:,}: {s.get('sweep_done', 0):,} of the sweep, "
               f"{s['generated']:,} generated, {s['evolved']:,} evolved |",
               _sweep_row(r.get("sweep")),
-              f"| divergent sessions (all / allow-listed) | {s['divergences_seen']:,} / "
+              f"| divergent sessions (not allow-listed / allow-listed) | {s['divergences_seen']:,} / "
               f"{s['allowed']:,} |",
               f"| sessions where both broke the same way | {s['both_broke']:,} |",
               f"| target restarts | {s['restarts']} |", ""]
