@@ -59,6 +59,14 @@ def test_ranges_and_fields_reach_their_edges():
     assert {f for _, f, _ in scalar_cases(msg)} == {"value"}
 
 
+@pytest.mark.parametrize("nbytes", [0, 1, 256, (1 << 64) - 1])
+def test_every_range_case_is_a_u64_pair_for_any_tensor_size(nbytes):
+    """A zero-size tensor made 'nbytes - 1' negative, which cannot be packed: a 10-minute p7
+    differential stopped at it (LocalProtocolError in the generated phase)."""
+    for case, offset, size in range_cases(nbytes, 4096):
+        assert 0 <= offset < 1 << 64 and 0 <= size < 1 << 64, case
+
+
 def test_the_graph_cases_reach_the_reference_bound_exactly_and_one_past_it():
     assert MAX_GRAPH_TENSORS == ServerConfig.max_graph_tensors
     regions = (BufferRegion(0x1000, 0x10_0000, 4096), BufferRegion(0x2000, 0x20_0000, 8192))

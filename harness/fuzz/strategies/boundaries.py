@@ -101,7 +101,7 @@ def range_cases(nbytes: int, buffer_size: int) -> list[tuple[str, int, int]]:
     out += [(f"size={name}", 0, _u64(v)) for name, v in (
         ("0", 0), ("1", 1), ("nbytes-1", nbytes - 1), ("nbytes", nbytes), ("nbytes+1", nbytes + 1),
         ("buffer", buffer_size), ("max", U64_MAX))]
-    out += [("sum_wraps", U64_MAX, 2), ("sum_ends_at_nbytes+1", nbytes - 1, 2)]
+    out += [("sum_wraps", U64_MAX, 2), ("sum_ends_at_nbytes+1", _u64(nbytes - 1), 2)]
     return out
 
 
