@@ -285,7 +285,17 @@ def report_key(line: str) -> tuple[str, str] | None:
     head, sep, where = line.rpartition(" in ")
     if not sep:
         return line, ""
-    return head, where.split(" < ", 1)[0]
+    return head, _without_template_args(where.split(" < ", 1)[0])
+
+
+def _without_template_args(frame: str) -> str:
+    """``f<&op_div (x.cpp)`` and ``f<&(op_div(float, float)) (x.cpp)`` are one frame: the two
+    symbolizers spell (and the signature cuts) a template's arguments differently."""
+    name, sep, file = frame.rpartition(" (")
+    if not sep:
+        name, file = frame, ""
+    name = name.split("<", 1)[0]
+    return f"{name} ({file}" if sep else name
 
 
 # What the live campaign's own RSS sampler calls a finding (harness.fuzz.case_runner).
