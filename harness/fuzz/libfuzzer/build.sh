@@ -34,6 +34,12 @@ if grep -q 'bool flush()' "$RPC_DIR/transport.h"; then
 fi
 
 mkdir -p "$OUT" "$WORK"
+# A build dir configured from another copy of the tree (the harness unpacks a tree per flag
+# set) makes cmake refuse to configure: start it afresh.
+if [ -f "$WORK/ggml/CMakeCache.txt" ] && \
+        ! grep -qxF "CMAKE_HOME_DIRECTORY:INTERNAL=$LLAMA_CPP" "$WORK/ggml/CMakeCache.txt"; then
+    rm -rf "$WORK/ggml"
+fi
 # Configured from the top of the tree (sdists do not ship what a standalone ggml build needs),
 # but only the ggml targets are built.
 cmake -S "$LLAMA_CPP" -B "$WORK/ggml" -G Ninja \
