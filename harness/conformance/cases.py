@@ -15,13 +15,12 @@ import struct
 from dataclasses import dataclass
 from typing import Callable
 
-from ..proto.wire import U64
 from ..errors import HarnessError
 from ..proto import Cmd, get_dialect, ggml, messages as m
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
+from ..proto.wire import U64
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
-
 
 
 @dataclass(frozen=True)

@@ -63,9 +63,9 @@ def _reported_command(report, dialect: str | None) -> str | None:
     method = report.server_method() if report is not None else None
     if method is None:
         return None
-    cmd = next((c for c in get_dialect(dialect or DEFAULT.name).cmd_ids
-                if c.value == method.upper()), None)
-    return cmd.value if cmd is not None else None
+    cmd = Cmd.__members__.get(method.upper())
+    return cmd.value if cmd is not None and get_dialect(dialect or DEFAULT.name).has(cmd) \
+        else None
 
 
 class Target:
