@@ -26,6 +26,7 @@ from __future__ import annotations
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
+from functools import partial
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
@@ -36,7 +37,7 @@ from ..proto.tensor import RpcTensor
 from . import strategies as rst
 from .case import Case, annotate, step
 from .generate import _PROBE, _Model, _alloc_steps, _frame, _not_comm_init
-from .strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_cases,
+from .strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_plan,
                                     graph_request, placement_cases, range_cases, scalar_cases,
                                     shape_cases, with_range)
 from .strategies.basics import _tensor_nbytes
@@ -183,18 +184,24 @@ def _other_id(msg, roles, t: RpcTensor) -> int:
     return next((i for i in ids if i not in (t.id, 0)), t.id ^ 0x10)
 
 
-def _boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict, object]]:
-    """(label, command, description, request) of every distinct boundary case, unframed:
-    framing the deep graphs is what costs, so ``size`` counts these and only
-    ``boundary_sweep`` frames. An edge that equals another case's request (a field whose
-    baseline value is the edge, a size the command does not carry) is sent once, under the
-    first label."""
+def _built_graph(d: Dialect, build, template) -> m.GraphComputeRequest:
+    return graph_request(d, *build(), template)
+
+
+def _boundary_requests(d: Dialect, regions, *, build: bool = True
+                       ) -> Iterator[tuple[str, Cmd, dict, object]]:
+    """(label, command, description, request) of every distinct boundary case, unframed.
+    An edge that equals another case's request (a field whose baseline value is the edge, a
+    size the command does not carry) is sent once, under the first label. The graph cases
+    come as builders (``partial``): each differs from every other by construction, and
+    building the 2^16-tensor ones is what costs, so ``size`` (``build=False``) builds none."""
     sent: set = set()
     for label, cmd, desc, req in _all_boundary_requests(d, regions):
-        key = (cmd, req)
+        lazy = isinstance(req, partial)
+        key = (cmd, label) if lazy else (cmd, req)
         if key not in sent:
             sent.add(key)
-            yield label, cmd, desc, req
+            yield label, cmd, desc, (req() if lazy and build else req)
 
 
 def _all_boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict, object]]:
@@ -240,10 +247,11 @@ def _all_boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict
                              value=size if field == "size" else offset),
                        with_range(msg, cmd, offset, size))
         if cmd is Cmd.GRAPH_COMPUTE:
-            for case, nodes, tensors in graph_cases(regions):
+            for case, _, build in graph_plan(regions):
+                # built when framed: counting the sweep builds none of the 2^16-tensor graphs
                 yield (f"graph_class:GRAPH_COMPUTE {case}", cmd,
                        _desc(d, "field", "graph_class", cmd, "tensors", case),
-                       graph_request(d, nodes, tensors, msg))
+                       partial(_built_graph, d, build, msg))
         if cmd is Cmd.SET_TENSOR and d.cache_flag:
             for flag in CACHE_FLAGS:
                 yield (f"cache_flag:SET_TENSOR {flag}", cmd,
@@ -278,6 +286,7 @@ def size(dialect: str, *, draws: int = DRAWS, shard: tuple[int, int] = (1, 1)) -
     a connection a local-only sweep leaves out), counted without framing a request."""
     d = get_dialect(dialect)
     _, regions = _setup(d)
-    total = len(_walk_pairs(d)) * draws + sum(1 for _ in _boundary_requests(d, regions))
+    total = len(_walk_pairs(d)) * draws + sum(1 for _ in _boundary_requests(d, regions,
+                                                                             build=False))
     i, n = shard
     return len(range(i - 1, total, n))

@@ -28,7 +28,10 @@ Nothing here names a known bug: these are the edges of the fields the protocol d
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
+from functools import partial
+from typing import Callable
 
 from hypothesis import strategies as st
 
@@ -45,6 +48,7 @@ UNKNOWN_HANDLE = 0x0000_7F3D_0EAD_B000
 MAX_GRAPH_TENSORS = ServerConfig.max_graph_tensors  # the reference server's graph bound
 CHAIN_EXPONENTS = (1, 4, 8, 12, 16)
 FANIN_EXPONENTS = (1, 4, 8, 12, 15)  # a binary tree of 2^k leaves: 2^(k+1) - 1 tensors
+SMALL_GRAPH_TENSORS = 4096  # graph cases the random phase draws; deeper ones are the sweep's
 
 
 def _u64(v: int) -> int:
@@ -138,35 +142,59 @@ def _fanin(r: BufferRegion, k: int) -> tuple[tuple[int, ...], tuple[RpcTensor, .
     return tuple(nodes), tuple(tensors)
 
 
-def graph_cases(regions: tuple[BufferRegion, ...], uid: int = 1
-                ) -> list[tuple[str, tuple[int, ...], tuple[RpcTensor, ...]]]:
-    """(case, node ids, tensors) of GRAPH_COMPUTE at the edges of the graph fields."""
+GraphTensors = tuple[tuple[int, ...], tuple[RpcTensor, ...]]  # (node ids, tensors)
+
+
+def graph_plan(regions: tuple[BufferRegion, ...]
+               ) -> list[tuple[str, int, Callable[[], GraphTensors]]]:
+    """(case, tensor count, build) of GRAPH_COMPUTE at the edges of the graph fields. The
+    deep cases hold 2^16 tensors: counting the sweep or drawing a small case builds none."""
     r = regions[0]
     add = ggml.OP["ADD"]
     a, b = _t(1, r, 0), _t(2, r, 64)
     out = _t(3, regions[-1], 128 if len(regions) == 1 else 0, op=add, src=(1, 2) + (0,) * 8)
     base = (a, b, out)
-    cases = [
-        ("node_id_zero", (0,), base),
-        ("node_repeated", (3, 3), base),
-        ("node_missing", (77,), base),
-        ("source_missing", (3,), (a, b, replace(out, src=(99, 2) + (0,) * 8))),
-        ("source_is_node", (3,), (a, b, replace(out, src=(3, 2) + (0,) * 8))),
-        ("nodes_far_above_tensors", (3,) * 1024, base),
-        ("no_nodes", (), base),
-        ("op_last", (3,), (a, b, replace(out, op=ggml.OP_COUNT - 1))),
-        ("op_past_enum", (3,), (a, b, replace(out, op=ggml.OP_COUNT))),
-        ("op_255", (3,), (a, b, replace(out, op=255))),
+
+    def fixed(nodes: tuple[int, ...], tensors: tuple[RpcTensor, ...]):
+        return len(tensors), lambda: (nodes, tensors)
+
+    plan = [
+        ("node_id_zero", *fixed((0,), base)),
+        ("node_repeated", *fixed((3, 3), base)),
+        ("node_missing", *fixed((77,), base)),
+        ("source_missing", *fixed((3,), (a, b, replace(out, src=(99, 2) + (0,) * 8)))),
+        ("source_is_node", *fixed((3,), (a, b, replace(out, src=(3, 2) + (0,) * 8)))),
+        ("nodes_far_above_tensors", *fixed((3,) * 1024, base)),
+        ("no_nodes", *fixed((), base)),
+        ("op_last", *fixed((3,), (a, b, replace(out, op=ggml.OP_COUNT - 1)))),
+        ("op_past_enum", *fixed((3,), (a, b, replace(out, op=ggml.OP_COUNT)))),
+        ("op_255", *fixed((3,), (a, b, replace(out, op=255)))),
     ]
     for k in CHAIN_EXPONENTS:  # 2^k tensors, up to exactly the bound
         if 1 << k <= MAX_GRAPH_TENSORS:
-            cases.append((f"chain_2^{k}", *_chain(r, 1 << k)))
+            plan.append((f"chain_2^{k}", 1 << k, partial(_chain, r, 1 << k)))
     for k in FANIN_EXPONENTS:
         if (2 << k) - 1 <= MAX_GRAPH_TENSORS:
-            cases.append((f"fanin_2^{k}", *_fanin(r, k)))
+            plan.append((f"fanin_2^{k}", (2 << k) - 1, partial(_fanin, r, k)))
     # one past it: the reference refuses by design, the real server has no such bound
-    cases.append(("tensors_past_bound", *_chain(r, MAX_GRAPH_TENSORS + 1)))
-    return cases
+    plan.append(("tensors_past_bound", MAX_GRAPH_TENSORS + 1,
+                 partial(_chain, r, MAX_GRAPH_TENSORS + 1)))
+    return plan
+
+
+def graph_cases(regions: tuple[BufferRegion, ...]
+                ) -> list[tuple[str, tuple[int, ...], tuple[RpcTensor, ...]]]:
+    """(case, node ids, tensors) of every graph case, built."""
+    return [(case, *build()) for case, _, build in graph_plan(regions)]
+
+
+@functools.lru_cache(maxsize=16)
+def _small_graph_cases(regions: tuple[BufferRegion, ...]
+                       ) -> tuple[tuple[str, tuple[int, ...], tuple[RpcTensor, ...]], ...]:
+    # the random phase's share (the deep ones are the sweep's): built once per buffer layout,
+    # not on every draw
+    return tuple((case, *build()) for case, n, build in graph_plan(regions)
+                 if n <= SMALL_GRAPH_TENSORS)
 
 
 # ---------------------------------------------------------------- the random phase
@@ -256,8 +284,7 @@ def _(draw, site):
           fields=("tensors",))
 def _(draw, site):
     regions = tuple(site.buffers or (site.region,))
-    cases = [c for c in graph_cases(regions) if len(c[2]) <= 4096]  # the big ones: sweep only
-    case, nodes, tensors = draw(st.sampled_from(cases))
+    case, nodes, tensors = draw(st.sampled_from(_small_graph_cases(regions)))
     return site.mutation("tensors", graph_request(site.d, nodes, tensors, site.request),
                          case=case)
 
