@@ -20,7 +20,8 @@ from harness.fuzz.execute import CLOSED, HANG, OK, PROTOCOL, Executor
 from harness.fuzz.generate import cases, steady_session
 from harness.fuzz.replay import load
 from harness.fuzz.case_runner import culprit
-from harness.fuzz.shrink import Budget, ddmin, minimise_case, save_reproducer
+from harness.fuzz.shrink import (Budget, ddmin, drop_unneeded_mutations, minimise_case,
+                                 save_reproducer)
 from harness.fuzz.signature import Signature, death_line, normalise
 from harness.fuzz.target_spec import TargetSpec
 from harness.fuzz.errors import TargetError
@@ -249,6 +250,32 @@ def test_minimise_case_keeps_order_and_the_signature():
         return "BUFFER_CLEAR" in cmds and "UNKNOWN_99" in cmds[cmds.index("BUFFER_CLEAR"):]
     small = minimise_case(case, same, Budget(10))
     assert [s.cmd for s in small.steps] == ["BUFFER_CLEAR", "UNKNOWN_99"]
+
+
+def test_a_spent_budget_does_not_name_a_finding_after_a_bystander():
+    """A valid SET_TENSOR grows memory; a mutated MEMSET_TENSOR after it is a bystander that
+    a spent budget left in. The naming pass drops it (and keeps a mutated step the finding
+    needs), so the culprit is the SET_TENSOR, as it is with time to spare."""
+    mut = {"kind": "field", "what": "size_near_bounds", "cmd": "MEMSET_TENSOR"}
+    steps = (step(hello(), "HELLO"),
+             step(frame(m.AllocBufferRequest(0, 256)), "ALLOC_BUFFER"),
+             step(b"set", "SET_TENSOR"),
+             step(b"memset", "MEMSET_TENSOR", desc=mut),
+             step(b"clear", "BUFFER_CLEAR", desc={**mut, "cmd": "BUFFER_CLEAR"}))
+    case = annotate(D7, steps)
+    assert culprit(case, None) == "BUFFER_CLEAR"  # no outcome: the last step
+
+    def same(c: Case) -> bool:  # needs the upload and the mutated clear
+        cmds = [s.cmd for s in c.steps]
+        return "SET_TENSOR" in cmds and "BUFFER_CLEAR" in cmds
+    spent = minimise_case(case, same, Budget(10, attempts=0))
+    assert [s.cmd for s in spent.steps] == [s.cmd for s in steps]  # nothing tried
+    named = drop_unneeded_mutations(spent, same)
+    assert [s.cmd for s in named.steps] == ["HELLO", "ALLOC_BUFFER", "SET_TENSOR",
+                                            "BUFFER_CLEAR"]
+    # planted: a pass that drops nothing would leave the bystander to be named
+    assert [s.cmd for s in drop_unneeded_mutations(case, lambda c: len(c.steps) == 5).steps] \
+        == [s.cmd for s in steps]
 
 
 # ---------------------------------------------------------------- reproducer files

@@ -49,7 +49,8 @@ from .oracles import HOLD_EVERY, OracleLimits, Oracles, held_variant
 from .replay import load, replay
 from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .case_runner import CaseRunner, Finding
-from .shrink import Budget, minimise_case, save_reproducer, transcript_of
+from .shrink import (Budget, drop_unneeded_mutations, minimise_case, save_reproducer,
+                     transcript_of)
 from .sweep import size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .signature import Signature
@@ -57,6 +58,7 @@ from .target_spec import TargetSpec
 from .errors import TargetError
 
 STATS_EVERY = 0.5  # seconds between progress events from a worker
+TARGET_START_BOUND = 90.0  # a target's launch and dialect probe, both with their own deadlines
 FINALISE_GRACE = 30.0  # a finding made just before the end may finish minimising this late
 SWEEP_SHARE = 0.2  # the sweep may take the first fifth of a campaign
 
@@ -126,13 +128,15 @@ def _found() -> None:
 
 
 class _Worker:
-    def __init__(self, cfg: CampaignConfig, index: int, seed: int, out: Path, end: float,
+    def __init__(self, cfg: CampaignConfig, index: int, seed: int, out: Path,
                  emit: Callable[[dict], None]):
         self.cfg = cfg
         self.index = index
         self.seed = seed
         self.out = out
-        self.end = end  # wall-clock (time.time) end of the campaign
+        # wall-clock (time.time) end: the duration counts from when the target listens, so a
+        # slow start (a loaded machine, a sanitizer build) does not eat the sweep's share
+        self.end = time.time() + cfg.duration
         self.emit = emit
         self.spec = TargetSpec.parse(cfg.target, cfg.dialect)
         self.limits = OracleLimits.from_json(cfg.oracles)
@@ -164,6 +168,8 @@ class _Worker:
         try:
             # inside the try: an interrupt while the target starts must still stop it
             self.target.start()
+            self.t0 = time.time()
+            self.end = self.t0 + self.cfg.duration
             self.dialect = self.target.dialect
             self.runner = CaseRunner(self.target, deadline=self.cfg.deadline,
                                      oracles=self.oracles)
@@ -405,6 +411,8 @@ class _Worker:
             self._emit_stats()
             return v is not None and v.signature.same_bug(sig, command=False)
         minimal = minimise_case(case, same, budget) if len(case.steps) > 1 else case
+        if len(minimal.steps) > 1:
+            minimal = drop_unneeded_mutations(minimal, same)
         final, out = self.runner.check(minimal, lockstep=True, record=True)
         if final is None or not final.signature.same_bug(sig, command=False):
             final, out = self.runner.check(minimal, record=True)
@@ -521,14 +529,14 @@ def _descendants(procs) -> list:
     return out
 
 
-def _worker_entry(cfg_json: dict, index: int, seed: int, out: str, end: float, q) -> None:
+def _worker_entry(cfg_json: dict, index: int, seed: int, out: str, q) -> None:
     """Process entry point of one worker (spawned)."""
     cfg = CampaignConfig(**{**cfg_json, "out": Path(cfg_json["out"]) if cfg_json["out"] else None,
                             "corpus": Path(cfg_json["corpus"]) if cfg_json["corpus"] else None,
                             "shard": tuple(cfg_json["shard"])})
     exit_on_sigterm()  # the parent forwards its SIGTERM: unwind, so the target is stopped
     try:
-        _Worker(cfg, index, seed, Path(out), end, q.put).run()
+        _Worker(cfg, index, seed, Path(out), q.put).run()
     except KeyboardInterrupt:
         q.put({"type": "done", "worker": index, "interrupted": True})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, then the worker ends
@@ -587,7 +595,6 @@ def run_campaign(cfg: CampaignConfig, *, on_progress: Callable[[Progress], None]
     seed = cfg.seed if cfg.seed is not None else random.SystemRandom().randrange(1 << 31)
     cfg = CampaignConfig(**{**asdict(cfg), "seed": seed, "out": out})
     progress = Progress()
-    end = time.time() + cfg.duration
     interrupted = False
     try:
         if cfg.workers <= 1:
@@ -596,11 +603,11 @@ def run_campaign(cfg: CampaignConfig, *, on_progress: Callable[[Progress], None]
                 if on_progress is not None:
                     on_progress(progress)
             try:
-                _Worker(cfg, 0, seed + cfg.first_worker, out, end, emit).run()
+                _Worker(cfg, 0, seed + cfg.first_worker, out, emit).run()
             except TargetError as e:
                 progress.errors.append({"worker": 0, "error": str(e)})
         else:
-            _run_processes(cfg, seed, out, end, progress, on_progress)
+            _run_processes(cfg, seed, out, progress, on_progress)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -611,17 +618,19 @@ def run_campaign(cfg: CampaignConfig, *, on_progress: Callable[[Progress], None]
     return out, report
 
 
-def _run_processes(cfg: CampaignConfig, seed: int, out: Path, end: float, progress: Progress,
+def _run_processes(cfg: CampaignConfig, seed: int, out: Path, progress: Progress,
                    on_progress) -> None:
     ctx = mp.get_context("spawn")  # no fork of a process with threads and open sockets
     q = ctx.Queue()
     procs = [ctx.Process(target=_worker_entry, name=f"fuzz-worker-{i}",
-                         args=(cfg.to_json(), i, seed + cfg.first_worker + i, str(out), end, q))
+                         args=(cfg.to_json(), i, seed + cfg.first_worker + i, str(out), q))
              for i in range(cfg.workers)]
     for p in procs:
         p.start()
     done: set = set()
-    hard_stop = end + cfg.shrink_seconds + FINALISE_GRACE + 60
+    # a worker's clock starts when its target listens: allow for the slowest start
+    hard_stop = (time.time() + TARGET_START_BOUND + cfg.duration + cfg.shrink_seconds
+                 + FINALISE_GRACE + 60)
     try:
         while len(done) < len(procs) and time.time() < hard_stop:
             try:

@@ -112,6 +112,26 @@ def minimise_case(case: Case, same: Callable[[Case], bool], budget: Budget) -> C
     return case.with_steps(steps)
 
 
+MAX_NAMING_CHECKS = 8  # runs drop_unneeded_mutations may add after the budget is spent
+
+
+def drop_unneeded_mutations(case: Case, same: Callable[[Case], bool]) -> Case:
+    """``case`` without each mutated step it reproduces without, tried once each, last first.
+
+    A finding is named after the first mutated step of the window it showed in. When the
+    budget ran out before ddmin dropped a bystander (a loaded machine), that name would be a
+    guess: an amplification by a valid SET_TENSOR was filed a second time under the mutated
+    MEMSET_TENSOR after it. These few runs are outside the budget, so the name does not
+    depend on how much CPU minimisation got."""
+    steps = list(case.steps)
+    mutated = [i for i, s in enumerate(steps) if s.mutated][-MAX_NAMING_CHECKS:]
+    for i in reversed(mutated):
+        trial = steps[:i] + steps[i + 1:]
+        if trial and same(case.with_steps(trial)):
+            steps = trial
+    return case.with_steps(steps)
+
+
 # ---------------------------------------------------------------- artefacts
 
 def transcript_of(case: Case, out: Outcome | None, meta: dict) -> Transcript:
