@@ -129,7 +129,7 @@ from harness.reference.client import RefClient
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, ggml
-from harness.transport import rdma_emu
+from harness.transport import rdma_core
 from harness.transport.verbs import connect_verbs, verbs_listener
 
 def session(host, port, cfg, size):
@@ -153,18 +153,18 @@ mode, size = sys.argv[1], int(sys.argv[2])
 if mode == "serve":  # "serve SERVER_CFG": print the port, serve until stdin closes
     srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=60,
                           out=io.StringIO(), err=io.StringIO())
-    with verbs_listener(srv.serve_transport, getattr(rdma_emu, sys.argv[3]), timeout=60) as lst:
+    with verbs_listener(srv.serve_transport, getattr(rdma_core, sys.argv[3]), timeout=60) as lst:
         print(json.dumps({"port": lst.port}), flush=True)
         sys.stdin.read()
     out = {"connections": [{"rdma_active": c.rdma_active, "close_reason": c.close_reason}
                            for c in srv.connections],
            "notes": list(lst.notes), "devices": [ep.wire.dev.name for ep in lst.endpoints]}
 elif mode == "client":  # against a server given as HOST PORT [CLIENT_CFG]
-    cfg = getattr(rdma_emu, sys.argv[5]) if len(sys.argv) > 5 else \
-        rdma_emu.config_for_dialect("7.0.0")
+    cfg = getattr(rdma_core, sys.argv[5]) if len(sys.argv) > 5 else \
+        rdma_core.config_for_dialect("7.0.0")
     out = session(sys.argv[3], int(sys.argv[4]), cfg, size)
 else:  # "pair CLIENT_CFG SERVER_CFG": a reference server on verbs too, in this process
-    ccfg, scfg = getattr(rdma_emu, sys.argv[3]), getattr(rdma_emu, sys.argv[4])
+    ccfg, scfg = getattr(rdma_core, sys.argv[3]), getattr(rdma_core, sys.argv[4])
     srv = ReferenceServer(ServerConfig(dialect=get_dialect("7.0.0")), idle_timeout=20,
                           out=io.StringIO(), err=io.StringIO())
     with verbs_listener(srv.serve_transport, scfg, timeout=20) as lst:
@@ -188,7 +188,7 @@ def pyverbs_session(lib_dir: Path, stats_dir: Path, size: int, *args: str) -> di
     process of its own so the soft libibverbs is loaded there only. ``args``: ``client HOST
     PORT [CLIENT_CFG]`` (a server elsewhere; default the 7.0.0 generation) or ``pair
     CLIENT_CFG SERVER_CFG`` (a reference server on verbs too, in the same process); configs
-    are rdma_emu preset names."""
+    are rdma_core preset names."""
     mode, *rest = args
     cmd, env = _pyverbs_cmd(lib_dir, stats_dir, mode, size, rest)
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)

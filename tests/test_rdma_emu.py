@@ -9,28 +9,12 @@ import pytest
 
 from harness.proto.constants import CONN_CAPS_SIZE, RDMA_CHUNK, SET_TENSOR_HEADER_SIZE
 from harness.transport import caps
-from harness.transport.rdma_emu import (
-    APP,
-    C_NEW,
-    C_OLD,
-    MEMORY,
-    OLD,
-    PARTIAL,
-    REQUEST,
-    RESPONSE,
-    SEED000,
-    SOCKET,
-    V9,
-    WHOLE_COMPLETION,
-    WRITES,
-    CallCutter,
-    RdmaConfig,
-    RdmaHang,
-    RdmaOverrun,
-    SendFramer,
-    config_for_dialect,
-    emu_pair,
-)
+from harness.proto.behaviour import APP, C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION, WRITES
+from harness.transport.rdma_core import (OLD, REQUEST, RESPONSE, SEED000, V9, CallCutter,
+                                         RdmaConfig, RdmaHang, RdmaOverrun, SendFramer,
+                                         config_for_dialect)
+from harness.transport.rdma_endpoint import emu_pair
+from harness.transport.rdma_wires import MEMORY, SOCKET
 
 FABRICS = (MEMORY, SOCKET)
 KiB = 1 << 10

@@ -25,17 +25,10 @@ from harness.reference.server import ConnectionRecord, ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import PRIMARY, get_dialect
 from harness.transport import caps
-from harness.transport.rdma_emu import (
-    MEMORY,
-    OLD,
-    SEED000,
-    SOCKET,
-    V9,
-    WRITES,
-    EmuPair,
-    RdmaConfig,
-    emu_pair,
-)
+from harness.proto.behaviour import WRITES
+from harness.transport.rdma_core import OLD, SEED000, V9, RdmaConfig
+from harness.transport.rdma_endpoint import EmuPair, emu_pair
+from harness.transport.rdma_wires import MEMORY, SOCKET
 
 MiB = 1 << 20
 GENS = {"old": OLD, "seed-000": SEED000, "9.0.0": V9}

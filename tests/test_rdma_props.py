@@ -25,16 +25,8 @@ from harness.proto.constants import HELLO_ID, RDMA_CHUNK, SET_TENSOR_HEADER_SIZE
 from harness.proto.messages import SetTensorRequest
 from harness.proto.session import SessionDecoder
 from harness.proto.tensor import RpcTensor
-from harness.transport.rdma_emu import (
-    APP,
-    C_NEW,
-    C_OLD,
-    PARTIAL,
-    WHOLE_COMPLETION,
-    WRITES,
-    RdmaOverrun,
-    simulate_transfer,
-)
+from harness.proto.behaviour import APP, C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION, WRITES
+from harness.transport.rdma_core import RdmaOverrun, simulate_transfer
 
 D = get_dialect("7.0.0")
 EXAMPLES = int(os.environ.get("RDMA_FUZZ_EXAMPLES", "3000"))

@@ -8,7 +8,7 @@ larger than the server's 256 KiB receive slot, a TCP close with SENDs in flight 
 stops posting receives. :class:`~harness.fuzz.rdma.campaign.RdmaSession` runs each (verdicts
 ok, wrong-data, closed, hang, rdma-error; death when the server process ended; liveness when it
 no longer serves a correct client afterwards). The emulation's sans-IO model
-(:func:`harness.transport.rdma_emu.simulate_transfer`) predicts for every case whether the
+(:func:`harness.transport.rdma_core.simulate_transfer`) predicts for every case whether the
 receiver of each generation can take the stream: the real server must give a correct
 response exactly when it predicts an intact transfer. The 7.0.0 server's whole-completion
 receive is expected to fail on most cases (the findings); the seed-000 patch must take all of
@@ -28,8 +28,8 @@ from harness.proto import get_dialect
 from harness.proto import messages as m
 from harness.proto.codec import pack_request
 from harness.proto.constants import RDMA_CHUNK
-from harness.transport.rdma_emu import (C_NEW, C_OLD, OLD, PARTIAL, WHOLE_COMPLETION,
-                                        simulate_transfer)
+from harness.proto.behaviour import C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION
+from harness.transport.rdma_core import OLD, simulate_transfer
 from harness.transport.softverbs import softverbs_env
 
 from softverbs_support import builds, lib_dir, pyverbs_session  # noqa: F401 (fixtures)

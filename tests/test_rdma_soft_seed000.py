@@ -5,8 +5,9 @@ old = the 7.0.0 RDMA build (p7-rdma), new = the same tree with patches/seed000-s
 the four client/server cells, server cache off and on, uploads tensors larger than one
 256 KiB chunk and than the 6 MiB receive ring, reads them back bit-exact and computes a small
 graph. The device's per-QP counters and both sides' own log lines say what went over the
-queue pairs. Then the emulation (harness.transport.rdma_emu, the matrix's rdma-emu cells of
-no-bump-ref) is asked the same question for the same dialect pair and must agree, fact by fact.
+queue pairs. Then the emulation (harness.transport.rdma_core and rdma_endpoint, the matrix's
+rdma-emu cells of no-bump-ref) is asked the same question for the same dialect pair and must
+agree, fact by fact.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.rdma import InProcessRdmaServer, connection_checks
 from harness.proto.constants import RDMA_CHUNK, RDMA_RX_RING
 from harness.transport.caps import ADVERTISE, WITHHOLD
-from harness.transport.rdma_emu import (SEED000, WHOLE_COMPLETION, RdmaConfig,
-                                        config_for_dialect, connect_emu)
+from harness.proto.behaviour import WHOLE_COMPLETION
+from harness.transport.rdma_core import SEED000, RdmaConfig, config_for_dialect
+from harness.transport.rdma_endpoint import connect_emu
 from harness.transport.softverbs import ACTIVATED_RE, QpStats, read_qp_stats, softverbs_env
 
 from softverbs_support import builds, lib_dir  # noqa: F401 (fixtures)

@@ -20,9 +20,10 @@ from harness.reference.client import RefClient
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
-from harness.transport import rdma_emu, verbs
+from harness.transport import rdma_core, verbs
 from harness.transport.softverbs import read_qp_stats
-from harness.transport.rdma_emu import OLD, SEED000, tcp_socket_pair
+from harness.transport.rdma_core import OLD, SEED000
+from harness.transport.rdma_endpoint import tcp_socket_pair
 from harness.transport.tcp import TcpTransport
 from harness.transport.verbs import (
     RdmaUnavailable,
@@ -367,7 +368,7 @@ def test_queue_pair_code_runs_a_session_on_the_soft_device(client_cfg, server_cf
     device (in a subprocess: the soft libibverbs is loaded there only)."""
     out = pyverbs_session(softverbs_lib_dir(), tmp_path, 3 * (1 << 20) + 7, "pair",
                           client_cfg, server_cfg)
-    ccfg, scfg = getattr(rdma_emu, client_cfg), getattr(rdma_emu, server_cfg)
+    ccfg, scfg = getattr(rdma_core, client_cfg), getattr(rdma_core, server_cfg)
     assert out["rdma_active"] and out["device"] == "softverbs0" and out["round_trip_ok"], out
     assert out["server_rdma_active"] and out["server_close_reason"] is None, out
     assert not out["notes"], out

@@ -42,18 +42,9 @@ from pathlib import Path
 from ..proto.dialects import D700, Dialect
 from ..transport.tcp import TcpTransport
 from .caps import ADVERTISE, WITHHOLD, LinuxCaps, MacCaps, gid_for_ipv4
-from .rdma_emu import (
-    CLIENT,
-    OLD,
-    RdmaConfig,
-    RdmaEmuListener,
-    RdmaEndpoint,
-    RdmaError,
-    WireStats,
-    _next_qpn,
-    _NullWire,
-    _Wire,
-)
+from .rdma_core import OLD, RdmaConfig, RdmaError
+from .rdma_endpoint import CLIENT, RdmaEmuListener, RdmaEndpoint
+from .rdma_wires import NullWire, Wire, WireStats, next_qpn
 
 PYVERBS_PATH_ENV = "GGML_HARNESS_PYVERBS_PATH"
 SYSTEM_DIST_PACKAGES = "/usr/lib/python3/dist-packages"
@@ -182,7 +173,7 @@ def find_device(local_ip: str) -> VerbsDevice:
     return sorted(found, key=lambda v: not v.roce_v2)[0]
 
 
-class _VerbsWire(_Wire):
+class _VerbsWire(Wire):
     """One RC queue pair and its registered buffers behind an RdmaEndpoint."""
 
     def __init__(self, dev: VerbsDevice, config: RdmaConfig):
@@ -385,7 +376,7 @@ def verbs_endpoint(tcp: TcpTransport, config: RdmaConfig = OLD, *, role: str = C
                 raise
             reason = e.reason
     if wire is None:
-        wire, policy = _NullWire(_next_qpn()), WITHHOLD
+        wire, policy = NullWire(next_qpn()), WITHHOLD
     ep = RdmaEndpoint(tcp, wire, config, role=role, caps_policy=policy, timeout=timeout,
                       transcript=transcript, dialect=dialect)
     ep.rdma_unavailable = reason
@@ -411,7 +402,7 @@ def verbs_listener(serve, config: RdmaConfig = OLD, *, host: str = "127.0.0.1", 
     listener, e.g. ``ReferenceServer.serve_transport``). Without a device the connection is
     served on TCP with zero caps and the reason lands in ``listener.notes``."""
 
-    def wire_for(sock: socket.socket) -> _Wire:
+    def wire_for(sock: socket.socket) -> Wire:
         return _VerbsWire(find_device(sock.getsockname()[0]), config)
 
     return RdmaEmuListener(serve, config, caps_policy=_policy(caps_policy), host=host,

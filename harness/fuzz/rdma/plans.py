@@ -29,8 +29,8 @@ from ...proto.codec import pack_request
 from ...proto.constants import RDMA_CHUNK, Cmd
 from ...proto.tensor import RpcTensor
 from ...proto import ggml
-from ...transport.rdma_emu import (C_NEW, C_OLD, PARTIAL, REQUEST, WHOLE_COMPLETION, CallCutter,
-                                   simulate_transfer)
+from ...proto.behaviour import C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION
+from ...transport.rdma_core import REQUEST, CallCutter, simulate_transfer
 from ..case import BASE, HANDLE, Step, annotate, sentinel, step
 from ..strategies import BufferRegion, hello_request_frame, messages
 

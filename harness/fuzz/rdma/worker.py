@@ -47,8 +47,8 @@ def _read_exact(ep, n: int) -> bytes:
 
 
 def _connect(endpoint: str, timeout: float, **cfg):
-    from ...proto.behaviour import RdmaGeneration
-    from ...transport.rdma_emu import APP, C_OLD, PARTIAL, RdmaConfig
+    from ...proto.behaviour import APP, C_OLD, PARTIAL, RdmaGeneration
+    from ...transport.rdma_core import RdmaConfig
     from ...transport.verbs import connect_verbs
     host, port = endpoint.rsplit(":", 1)
     fuzzing = RdmaGeneration("fuzz", send_slots=1, recv_policy=PARTIAL, send_framing=C_OLD,
@@ -59,7 +59,7 @@ def _connect(endpoint: str, timeout: float, **cfg):
 
 def run_case(req: dict) -> dict:
     from ...proto import get_dialect
-    from ...transport.rdma_emu import SendFramer
+    from ...transport.rdma_core import SendFramer
     from ..case import BASE, HANDLE, relocate
     from .plans import RdmaCase, expected_probe, has_probe, response_sizes
     from ...reference.client import RefClient
@@ -154,7 +154,7 @@ def body_with(ep, body, stage):
 def _guarded(fn) -> dict:
     """``fn(stage)`` with the transport's failures as verdicts (``stage[0]`` says where)."""
     from ...reference.client import ServerClosed
-    from ...transport.rdma_emu import RdmaError, RdmaHang
+    from ...transport.rdma_core import RdmaError, RdmaHang
     stage = ["connect"]
     try:
         return fn(stage)
