@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from .history.cli import history_app, reports_app, site_command
 from .impls.cli import peers_app, yes_or_dash as _yn
 from .proto.dialects import NEWEST, PRIMARY
 
@@ -404,6 +405,9 @@ def report(
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="Its allowed_skips "
                                      "apply too (when the file is there)."),
+    run_id: Optional[str] = typer.Option(None, "--run-id", help="One run id for every cell "
+                                         "(CI shards each had their own), as the history "
+                                         "and the site will file them."),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
@@ -414,6 +418,8 @@ def report(
     if not rows:
         console.print(f"[red]no verdict.json under {folder}")
         raise typer.Exit(2)
+    if run_id:
+        rows = [{**r, "run_id": run_id} for r in rows]
     dest = out or folder
     write_all(rows, dest, "ggml-rpc interoperability matrix")
     m = _load_matrix(matrix_file) if matrix_file.is_file() else None
@@ -442,6 +448,11 @@ def parse_knobs(items: list[str]):
 # ------------------------------------------------------------------------ real peers
 # (their own module, as fuzz and bench have theirs)
 app.add_typer(peers_app, name="peers")
+
+# ------------------------------------------------------------------------ history and site
+app.add_typer(history_app, name="history")
+app.add_typer(reports_app, name="reports")
+app.command("site")(site_command)
 
 
 @app.command()

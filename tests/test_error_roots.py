@@ -18,6 +18,7 @@ from harness.capture.errors import CaptureError
 from harness.conformance.cases import ConformanceError
 from harness.errors import HarnessError
 from harness.fuzz.errors import FuzzError
+from harness.history.errors import HistoryError
 from harness.impls.errors import ImplError
 from harness.matrix.errors import MatrixError
 from harness.proto.errors import ProtocolError
@@ -29,6 +30,7 @@ PACKAGE_ROOTS = {
     "harness.transport": TransportError, "harness.impls": ImplError,
     "harness.fuzz": FuzzError, "harness.matrix": MatrixError, "harness.capture": CaptureError,
     "harness.conformance": ConformanceError, "harness.bisect": BisectError,
+    "harness.history": HistoryError,
 }
 SKIPPED_MODULES = ("harness.__main__",)  # runs the CLI when imported
 

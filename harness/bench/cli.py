@@ -26,6 +26,9 @@ def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int
         t.add_row(*r)
     console.print(t)
     console.print(f"report: {folder}/bench.md", highlight=False)
+    from ..history.cli import file_history
+    if not file_history(console, folder):
+        return 2
     failed = [f for f in figures if f.failed]
     for f in failed:
         console.print(f"[red]{f.id} failed:[/red] {f.failed}", highlight=False)

@@ -565,9 +565,15 @@ def run_bench(cfg: BenchConfig) -> tuple[Path, list[Figure]]:
            "peer_proto": peer.proto, "started": started, "seconds": round(time.time() - started, 1),
            "repeats": cfg.repeats, "sizes": list(cfg.sizes), **info,
            "figures": [f.to_json() for f in figures]}
+    write_bench(out_dir, doc)
+    return out_dir, figures
+
+
+def write_bench(out_dir: Path, doc: dict) -> None:
+    """bench.json and bench.md of a bench run's document."""
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "bench.json").write_text(json.dumps(doc, indent=2) + "\n")
     (out_dir / "bench.md").write_text(markdown(doc))
-    return out_dir, figures
 
 
 def _fmt(x: float | None, unit: str = "") -> str:

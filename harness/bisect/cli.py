@@ -85,6 +85,9 @@ def bisect_command(console: Console, good: str, bad: str, *, predicate: Predicat
     data = report.to_json(result, package=builds[0].package, question=predicate.describe(),
                           kind=predicate.kind, elapsed=time.monotonic() - t0)
     _, md_path = report.write(out, data, result.probes)
+    from ..history.cli import file_history
+    if not file_history(console, out):
+        return CANNOT
     _print_table(console, result)
     console.print(f"first build whose result differs: [bold]{result.first_different}[/bold] "
                   f"({_result_of(result)}), after {result.last_same} ({result.good_result})",

@@ -104,6 +104,9 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
     console.print((folder / "report.md").read_text(), markup=False, highlight=False,
                   soft_wrap=True)
     console.print(f"report: {folder}/report.md", highlight=False, soft_wrap=True)
+    from ..history.cli import file_history
+    if not file_history(console, folder):
+        return 2
     problems = campaign_problems(report, min_messages)
     if problems:
         for p in problems:

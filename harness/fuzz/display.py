@@ -10,20 +10,20 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600}
+_UNITS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_duration(text: str) -> float:
-    """'10m' -> 600.0, '90s' / '90' -> 90.0, '1h' -> 3600.0, '1m30s' -> 90.0."""
+    """'10m' -> 600.0, '90s' / '90' -> 90.0, '1h' -> 3600.0, '1m30s' -> 90.0, '30d'."""
     total, pos = 0.0, 0
     text = text.strip().lower()
-    for m in re.finditer(r"(\d+(?:\.\d+)?)([smh]?)", text):
+    for m in re.finditer(r"(\d+(?:\.\d+)?)([smhd]?)", text):
         if m.start() != pos:
             break
         total += float(m.group(1)) * _UNITS[m.group(2)]
         pos = m.end()
     if pos != len(text) or not text:
-        raise ValueError(f"bad duration {text!r} (e.g. 90s, 10m, 1h)")
+        raise ValueError(f"bad duration {text!r} (e.g. 90s, 10m, 1h, 30d)")
     return total
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from ..history.ingest import file_report
 from ..report.writers import SYMBOL, write_all
 from .cells import Cell
 from .execute import run_cells
@@ -76,4 +77,10 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
         rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
                          progress=progress)
     write_all(rows, run_dir, title, diffs=differential(rows, run_dir), notes=notes)
+    # the run's size on disk is part of its record: printed, and kept in the history
+    store, records = file_report(run_dir)
+    run = next(r for r in records if r.kind == "run")
+    console.print(f"run folder: {run_dir} ({run.size_bytes / (1 << 20):,.1f} MiB in "
+                  f"{run.files:,} files)" + (f"; history: {store}" if store else ""),
+                  highlight=False)
     return rows, run_dir, exit_code(rows, allow_skip)

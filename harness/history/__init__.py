@@ -1,0 +1,2 @@
+"""History across runs: the append-only store (:mod:`.store`) and what files a report folder
+into it (:mod:`.ingest`)."""
