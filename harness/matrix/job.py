@@ -56,11 +56,12 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
             workers: int | None = None, console: Console | None = None,
             run_id: str | None = None, deliver: str | None = None,
             allow_skip: AllowSkip = AllowSkip(),
-            notes: dict[str, list[str]] | None = None) -> tuple[list[dict], Path, int]:
+            notes: dict[str, list[str]] | None = None,
+            keep_payloads: bool = False) -> tuple[list[dict], Path, int]:
     """Run ``cells`` and write the reports; returns (result rows, report folder, exit code). The
     exit code is 1 if a verdict is unexpected or a cell skipped for a reason ``allow_skip``
     does not name. ``notes``: lines per design for the reports (which builds a class stood
-    in for)."""
+    in for). ``keep_payloads``: passing cells keep their payload bytes too."""
     console = console or Console()
     run_id = run_id or new_run_id()
     run_dir = out_root / run_id
@@ -75,7 +76,7 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
                        last=f"{SYMBOL[row['verdict']]} {row['cell_id']} ({row['verdict']})")
 
         rows = run_cells(matrix, cells, run_dir, run_id=run_id, workers=workers, deliver=deliver,
-                         progress=progress)
+                         progress=progress, keep_payloads=keep_payloads)
     write_all(rows, run_dir, title, diffs=differential(rows, run_dir), notes=notes)
     # the run's size on disk is part of its record: printed, and kept in the history
     store, records = file_report(run_dir)
