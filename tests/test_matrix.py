@@ -190,7 +190,7 @@ def test_harness_run_cli_on_real_peers(tmp_path):
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rejected" in proc.stdout
-    run_dir = next(tmp_path.iterdir())
+    (run_dir,) = tmp_path.glob("run-*")  # beside it: the history store
     rows = [json.loads(ln) for ln in (run_dir / "results.jsonl").read_text().splitlines()]
     assert rows and all(r["verdict"] == "pass" for r in rows)
     assert all("version mismatch: 9.0.0" in r["message"] for r in rows)

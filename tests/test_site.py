@@ -62,7 +62,7 @@ def _matrix_run(tmp_path: Path, reports: Path, data: dict, n: int) -> Path:
     before = set(reports.glob("run-*"))
     proc = _harness("matrix", "--matrix", str(spec), "--out", str(reports))
     assert proc.returncode in (0, 1), proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "run folder:" in proc.stdout and "MiB in" in proc.stdout, proc.stdout[-2000:]
+    assert "run folder:" in proc.stdout and " MiB" in proc.stdout, proc.stdout[-2000:]
     (run,) = set(reports.glob("run-*")) - before
     time.sleep(1.1)  # distinct end times, as real runs have
     return run

@@ -83,5 +83,5 @@ def run_job(matrix: Matrix, cells: list[Cell], out_root: Path, *, title: str,
     run = next(r for r in records if r.kind == "run")
     console.print(f"run folder: {run_dir} ({run.size_bytes / (1 << 20):,.1f} MiB in "
                   f"{run.files:,} files)" + (f"; history: {store}" if store else ""),
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
     return rows, run_dir, exit_code(rows, allow_skip)
