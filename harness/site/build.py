@@ -55,11 +55,11 @@ NOT_KEPT = ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{
             "and erroring cells only). The run folder has it.</p></body></html>\n")
 
 
-def _copy_run(folder: Path, dest: Path, records, evidence: str) -> None:
+def _copy_run(folder: Path, dest: Path, kind: str, records, evidence: str) -> None:
     """Copy a report folder; for a matrix run with ``evidence='failing'``, the folders of
     cells that passed or skipped are left out and a page in each says so (the run's own
     report links them)."""
-    if evidence == "all" or ingest.kind_of(folder) != "matrix":
+    if evidence == "all" or kind != "matrix":
         shutil.copytree(folder, dest, copy_function=_link_or_copy, symlinks=True)
         return
     left_out = {c.folder: c for c in records if c.kind == "cell" and c.folder
@@ -96,7 +96,7 @@ def build_site(folders: list[Path], out: Path, *, history: Path | None = None,
         dest = out / rel
         if dest.exists():
             shutil.rmtree(dest)
-        _copy_run(folder, dest, found, evidence)
+        _copy_run(folder, dest, kind, found, evidence)
         _index_directories(dest)
         for r in found:
             folders_in_site.setdefault(r.run_id, rel)

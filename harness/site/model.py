@@ -55,9 +55,6 @@ class Site:
                 site.builds.setdefault(name, BuildFacts(name=name, dialect=dialect))
         return site
 
-    def run(self, run_id: str) -> RunRecord:
-        return next(r for r in self.runs if r.run_id == run_id)
-
     def designs(self) -> list[str]:
         seen: dict[str, None] = {}
         for c in self.cells:
