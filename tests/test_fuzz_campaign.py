@@ -12,6 +12,7 @@ import pytest
 
 from harness.fuzz.campaign import CampaignConfig, run_campaign
 from harness.fuzz.replay import replay
+from harness.fuzz.signature import death_line
 from harness.strictness import TOOL_MISSING
 from needs import skip
 
@@ -149,6 +150,36 @@ def test_fuzz_and_replay_commands(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "harness", "replay", str(entry), "--target",
                           "no-such-peer"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2
+
+
+def test_fault_shim_line_parses_when_the_caller_has_a_long_cpp_name(tmp_path):
+    """A fault inside libc named by a caller whose (mangled C++) name runs to hundreds of
+    bytes: the shim cuts the name, not the line, so the line still parses to its site."""
+    import shutil
+    from harness.fuzz.faultinfo import LINE_PREFIX, shim_path
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if shim_path() is None or cc is None:
+        skip(TOOL_MISSING, "no C compiler for the fault shim")
+    name = "caller_" + "x" * 400
+    (tmp_path / "lib.c").write_text(
+        "#include <string.h>\n"
+        f"size_t {name}(const char *p) {{ return strlen(p); }}\n")
+    (tmp_path / "main.c").write_text(
+        "#include <stddef.h>\n"
+        f"size_t {name}(const char *p);\n"
+        f"int main(void) {{ volatile const char *p = NULL; return (int){name}((const char *)p); }}\n")
+    subprocess.run([cc, "-O0", "-shared", "-fPIC", "-o", tmp_path / "liblong.so",
+                    tmp_path / "lib.c"], check=True, timeout=60)
+    subprocess.run([cc, "-O0", "-o", tmp_path / "main", tmp_path / "main.c",
+                    f"-L{tmp_path}", "-llong", f"-Wl,-rpath,{tmp_path}"], check=True, timeout=60)
+    run = subprocess.run([tmp_path / "main"], capture_output=True, text=True, timeout=60,
+                         env={"LD_PRELOAD": str(shim_path())})
+    assert run.returncode == -11, run
+    line = next(x for x in run.stderr.splitlines() if x.startswith(LINE_PREFIX))
+    assert len(line) < 1000 and line.endswith(")"), line
+    site = death_line([line])
+    assert site.startswith("SIGSEGV null page in libc.so") and \
+        site.endswith(f" from liblong.so ({name[:200]})"), site
 
 
 @realpeer

@@ -184,6 +184,10 @@ def test_death_line_prefers_the_assert_and_reads_python_tracebacks():
     assert death_line([add], raw=True) == add[len("harness-fault: "):]
     assert death_line(["harness-fault: SIGSEGV stack overflow in libggml-base.so.0+0x1dbb2 "
                        "(ggml_row_size+0x12)"]) == "SIGSEGV stack overflow"
+    # ... also when the site is in libc and the caller's long C++ name did not fit the line
+    assert death_line(["harness-fault: SIGSEGV stack overflow in libc.so.6+0x98098 from "
+                       "libggml-rpc.so.0+0x238d2 (_ZNSt8__detail9_Map_baseImSt4pairIKmP11+0"]) \
+        == "SIGSEGV stack overflow"
     # A formatted abort message: its site, not every type combination, is the bug.
     assert death_line(["/x/binary-ops.cpp:135: binary_op: unsupported types: dst: q4_0, "
                        "src0: f32, src1: f32"]) == "binary-ops.cpp:135: binary_op: ..."

@@ -45,11 +45,18 @@ SOURCE = r"""
 
 static char alt_stack[1 << 16];
 
-static size_t put(char *out, size_t n, const char *s) {
-    size_t k = strlen(s);
-    if (n + k > 480) k = 480 - n;
+#define LINE_MAX_BYTES 1000
+#define SYMBOL_MAX_BYTES 200
+
+static size_t put_at_most(char *out, size_t n, const char *s, size_t most) {
+    size_t k = strnlen(s, most);
+    if (n + k > LINE_MAX_BYTES) k = LINE_MAX_BYTES - n;
     memcpy(out + n, s, k);
     return n + k;
+}
+
+static size_t put(char *out, size_t n, const char *s) {
+    return put_at_most(out, n, s, LINE_MAX_BYTES);
 }
 
 static size_t put_hex(char *out, size_t n, uintptr_t v) {
@@ -57,7 +64,7 @@ static size_t put_hex(char *out, size_t n, uintptr_t v) {
     size_t k = 0;
     do { tmp[k++] = "0123456789abcdef"[v & 15]; v >>= 4; } while (v && k < sizeof tmp);
     n = put(out, n, "0x");
-    while (k && n < 480) out[n++] = tmp[--k];
+    while (k && n < LINE_MAX_BYTES) out[n++] = tmp[--k];
     return n;
 }
 
@@ -68,7 +75,9 @@ static size_t put_site(char *out, size_t n, uintptr_t ip, const Dl_info *info) {
     n = put_hex(out, n, ip - (uintptr_t)info->dli_fbase);
     if (info->dli_sname) {  /* the nearest exported symbol, when there is one */
         n = put(out, n, " (");
-        n = put(out, n, info->dli_sname);
+        /* a mangled C++ name runs to hundreds of bytes: cut it, so the line still ends in
+           its closing parenthesis and parses (a site is named by its first bytes anyway) */
+        n = put_at_most(out, n, info->dli_sname, SYMBOL_MAX_BYTES);
         n = put(out, n, "+");
         n = put_hex(out, n, ip - (uintptr_t)info->dli_saddr);
         n = put(out, n, ")");
@@ -100,7 +109,7 @@ static void on_fault(int sig, siginfo_t *si, void *ctx) {
     else if (sig == SIGILL) kind = "illegal instruction";
     else if (addr < 65536) kind = "null page";
     else if (sp && addr + 65536 > sp && addr < sp + 65536) kind = "stack overflow";
-    char buf[512];
+    char buf[LINE_MAX_BYTES + 8];
     size_t n = put(buf, 0, "harness-fault: ");
     n = put(buf, n, name);
     n = put(buf, n, " ");

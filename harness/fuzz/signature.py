@@ -131,13 +131,13 @@ def _fault_site(text: str) -> str:
     exports one there, else the 4 KiB page of the module (one function, nearly always), so
     two faults at neighbouring instructions of one function are one bug. A stack overflow
     keeps its class only."""
+    if " stack overflow in " in text:
+        # Where the stack ran out depends on its random start (ASLR), not on the bug: the
+        # class alone is the signature, whatever the rest of the line holds.
+        return text.split(" in ", 1)[0]
     m = _FAULT.match(text)
     if m is None:
         return text
-    if " stack overflow in " in text:
-        # Where the stack ran out depends on its random start (ASLR), not on the bug: the
-        # class alone is the signature.
-        return text.split(" in ", 1)[0]
     site = m.group("head") + _site(m, "")
     return site + (f" from {_site(m, 'from_')}" if m.group("from_mod") else "")
 
