@@ -1,6 +1,7 @@
 """Reports that fit: a passing cell's long payloads become their length and SHA-256 after its
-verdict (headers and short payloads stay, so decode and the readers work unchanged); a
-failing cell, and any cell with --keep-payloads, keeps everything the recording kept."""
+verdict (headers and short payloads stay, so decode and the readers work unchanged) and its
+files are gzip-compressed; a failing cell, and any cell with --keep-payloads, keeps everything
+the recording kept, uncompressed."""
 
 from __future__ import annotations
 
@@ -144,3 +145,63 @@ def test_a_passing_cell_is_elided_a_failing_one_and_keep_payloads_are_not(tmp_pa
     (pc,) = read_pcap(passing / "wire.pcap")
     (tr,) = [Transcript.load(f) for f in passing.glob("conn0.rpct")]
     assert pc.total(C2S) == tr.total(C2S) and pc.total(S2C) == tr.total(S2C)
+    # ... and its files are written compressed, under their usual names
+    assert all(f.read_bytes()[:2] == b"\x1f\x8b" for f in [passing / "wire.pcap",
+                                                            *passing.glob("conn*.rpct")])
+    assert (kept / "wire.pcap").read_bytes()[:2] != b"\x1f\x8b"  # kept whole: kept plain
+    assert (failing / "conn0.rpct").read_bytes()[:2] != b"\x1f\x8b"
+
+
+# ------------------------------------------------------------------ compressed files
+def test_compressed_transcript_and_pcap_read_back_as_the_plain_ones(tmp_path):
+    from harness.capture.decode import load_transcripts
+    from harness.capture.pcap import write_pcap
+    tr, _ = _upload(1 << 14)
+    tr.save(tmp_path / "plain.rpct")
+    tr.save(tmp_path / "gz.rpct", compress=True)
+    assert (tmp_path / "gz.rpct").read_bytes()[:2] == b"\x1f\x8b"
+    assert (tmp_path / "gz.rpct").stat().st_size < (tmp_path / "plain.rpct").stat().st_size / 4
+    a, b = Transcript.load(tmp_path / "plain.rpct"), Transcript.load(tmp_path / "gz.rpct")
+    assert [(c.direction, c.length, c.data) for c in a.chunks] == \
+        [(c.direction, c.length, c.data) for c in b.chunks]
+    tr.save(tmp_path / "again.rpct", compress=True)  # deterministic: no time stamp inside
+    assert (tmp_path / "again.rpct").read_bytes() == (tmp_path / "gz.rpct").read_bytes()
+    write_pcap([tr], tmp_path / "w.pcap", compress=True)
+    (back,) = load_transcripts(tmp_path / "w.pcap")
+    assert back.bytes_of(C2S) == tr.bytes_of(C2S) and back.bytes_of(S2C) == tr.bytes_of(S2C)
+    (rpct,) = load_transcripts(tmp_path / "gz.rpct")
+    assert rpct.bytes_of(C2S) == tr.bytes_of(C2S)
+
+
+def test_tshark_reads_a_compressed_pcap(tmp_path):
+    import shutil
+    from harness.capture.pcap import write_pcap
+    from harness.strictness import TOOL_MISSING
+    from needs import skip
+    if shutil.which("tshark") is None:
+        skip(TOOL_MISSING, "tshark is not installed")
+    tr, _ = _upload(1 << 12)
+    write_pcap([tr], tmp_path / "w.pcap", compress=True)
+    proc = subprocess.run(["tshark", "-r", str(tmp_path / "w.pcap"), "-q", "-z", "conv,tcp"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "127.0.0.1:40000" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_a_damaged_or_oversized_compressed_file_is_a_clear_error(tmp_path):
+    import gzip
+
+    from harness.capture import compressed
+    from harness.capture.decode import load_transcripts
+    tr, _ = _upload(1 << 14)
+    tr.save(tmp_path / "gz.rpct", compress=True)
+    raw = (tmp_path / "gz.rpct").read_bytes()
+    (tmp_path / "cut.rpct").write_bytes(raw[:len(raw) // 2])
+    with pytest.raises(ValueError, match="damaged compressed"):
+        Transcript.load(tmp_path / "cut.rpct")
+    (tmp_path / "junk").write_bytes(b"\x1f\x8b" + b"\xff" * 64)
+    with pytest.raises(ValueError, match="damaged compressed"):
+        load_transcripts(tmp_path / "junk")
+    # a small file that expands without end stops at the bound, not in memory
+    (tmp_path / "bomb").write_bytes(gzip.compress(b"\0" * (8 << 20)))
+    with pytest.raises(ValueError, match="expands past"):
+        compressed.read_bounded(tmp_path / "bomb", limit=1 << 20)

@@ -8,7 +8,9 @@ byte streams, so a listing reads in wire order.
 
 from __future__ import annotations
 
+import gzip
 import json
+import zlib
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Iterator
@@ -18,6 +20,7 @@ from ..proto.fnv import fnv1a64
 from ..proto.messages import Message
 from ..proto.session import Exchange, Session
 from ..proto.tensor import RpcTensor
+from . import compressed
 from .scapy_layer import StreamView, frame_spans
 from .transcript import C2S, S2C, MAGIC, Transcript
 
@@ -29,8 +32,10 @@ _TENSOR_FLAGS = ((1, "INPUT"), (2, "OUTPUT"), (4, "PARAM"), (8, "LOSS"), (16, "C
 # ---------------------------------------------------------------- loading
 
 def is_pcap(path: str | Path) -> bool:
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        magic = compressed.head(path, 4)
+    except (gzip.BadGzipFile, EOFError, zlib.error):
+        return False  # a damaged gzip file: load_transcripts names the damage
     return magic in (b"\xd4\xc3\xb2\xa1", b"\xa1\xb2\xc3\xd4", b"\x4d\x3c\xb2\xa1",
                      b"\xa1\xb2\x3c\x4d", b"\x0a\x0d\x0d\x0a")
 
@@ -46,8 +51,10 @@ def load_transcripts(path: str | Path, *, server_port: int | None = None) -> lis
             return read_pcap(path, server_port=server_port)
         except Scapy_Exception as e:  # a damaged capture is bad input, not a crash
             raise ValueError(f"{Path(path).name}: {e}") from None
-    with open(path, "rb") as f:
-        head = f.read(200)
+    try:
+        head = compressed.head(path, 200)
+    except (OSError, EOFError) as e:
+        raise ValueError(f"{Path(path).name}: damaged compressed file: {e}") from None
     if MAGIC.encode() not in head:
         raise ValueError(f"{Path(path).name}: neither a pcap nor a ggml-rpc transcript")
     return [Transcript.load(path)]

@@ -28,6 +28,7 @@ import numpy as np
 from scapy.packet import Packet
 from scapy.utils import RawPcapReader, RawPcapWriter
 
+from . import compressed
 from .transcript import C2S, S2C, Chunk, Transcript
 
 MAX_SEGMENT = 65_000
@@ -153,8 +154,9 @@ def _close(w: _ConversationWriter, t: float, direction: str, how: str):
 
 def write_pcap(transcripts: Transcript | Iterable[Transcript], path: str | Path, *,
                client: tuple[str, int] | None = None, server: tuple[str, int] | None = None,
-               max_segment: int = MAX_SEGMENT) -> int:
+               max_segment: int = MAX_SEGMENT, compress: bool = False) -> int:
     """Write one or more connections to a pcap (Ethernet, microsecond stamps); returns frames.
+    ``compress`` writes it gzip-compressed (Wireshark, tshark and scapy read that as is).
 
     Endpoints default to ``meta["client"]`` / ``meta["server"]`` of each transcript, else
     127.0.0.1:40000 -> 127.0.0.1:50052; several transcripts get consecutive client ports.
@@ -171,7 +173,8 @@ def write_pcap(transcripts: Transcript | Iterable[Transcript], path: str | Path,
     frames = heapq.merge(*streams, key=lambda f: f[0])
     count = 0
     # snaplen must cover a full segment: Ethernet + IP + TCP (with options) + 65 000 bytes
-    with RawPcapWriter(str(path), linktype=DLT_EN10MB, snaplen=262_144) as wr:
+    with compressed.open_write(path, compress=compress) as out, \
+            RawPcapWriter(out, linktype=DLT_EN10MB, snaplen=262_144) as wr:
         wr.write_header(None)  # write_packet does not write it by itself
         for t, raw, wirelen in frames:
             sec = int(t)

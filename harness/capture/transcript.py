@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+from . import compressed
 from ..proto.session import Session, SessionDecoder
 
 C2S, S2C = "c2s", "s2c"
@@ -86,12 +87,12 @@ class Transcript:
         return dec.close()
 
     # -- files
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, *, compress: bool = False) -> None:
         path = Path(path)
         hashed = any(c.data is None and c.sha256 for c in self.chunks)
         header = {"format": MAGIC_HASHED if hashed else MAGIC, "meta": self.meta,
                   "closed": {k: list(v) for k, v in self.closed.items()}}
-        with open(path, "wb") as f:
+        with compressed.open_write(path, compress=compress) as f:
             f.write(json.dumps(header, sort_keys=True).encode() + b"\n")
             for c in self.chunks:
                 flag = KEPT if c.data is not None else ELIDED_HASHED if c.sha256 else ELIDED
@@ -103,8 +104,10 @@ class Transcript:
 
     @classmethod
     def load(cls, path: str | Path) -> "Transcript":
-        raw = Path(path).read_bytes()
-        nl = raw.index(b"\n")
+        raw = compressed.read_bounded(path)
+        nl = raw.find(b"\n")
+        if nl < 0:
+            raise ValueError(f"{path}: not a ggml-rpc transcript")
         header = json.loads(raw[:nl])
         if header.get("format") not in (MAGIC, MAGIC_HASHED):
             raise ValueError(f"{path}: not a ggml-rpc transcript")

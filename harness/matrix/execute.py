@@ -274,17 +274,18 @@ PASSING_HEADS_BUDGET = 16 << 20  # per direction: headers and short payloads, ne
 
 
 def elide_payloads(folder: Path, transcripts: list[Transcript]) -> None:
-    """Rewrite a passing cell's transcripts and pcap with long payloads elided (hashed)."""
+    """Rewrite a passing cell's transcripts and pcap with long payloads elided (hashed),
+    gzip-compressed under the same names (every reader of them takes either)."""
     def small(tr: Transcript) -> Transcript:
         return compact(tr, 0, head_bytes=PASSING_PAYLOAD_KEEP, heads_keep=PASSING_HEADS_BUDGET,
                        hash_elided=True)
     kept = [small(t) for t in transcripts]
     for i, tr in enumerate(kept):
-        tr.save(folder / f"conn{i}.rpct")
+        tr.save(folder / f"conn{i}.rpct", compress=True)
     if kept:
-        write_pcap(kept, folder / "wire.pcap")
+        write_pcap(kept, folder / "wire.pcap", compress=True)
     for conn in sorted(folder.glob("server*/conn*.rpct")):  # a fleet's other servers
-        small(Transcript.load(conn)).save(conn)
+        small(Transcript.load(conn)).save(conn, compress=True)
 
 
 def _idle(proxy: RecordingProxy, soft: SoftRdmaCell | None) -> float:
