@@ -508,3 +508,18 @@ def test_a_registered_mutation_is_catalogued_drawn_and_covered(data):
         rst.unregister("field", what)
     assert what not in rst.FIELD_WHATS
     assert not any(e["what"] == what for e in rst.mutation_catalogue("7.0.0"))
+
+
+@pytest.mark.parametrize("name", ["7.0.0", "8.0.0"])
+def test_every_field_a_framing_operator_lists_is_drawn_by_the_sweep(name):
+    """A field in the catalogue that no draw can write would stay "not exercised" in every
+    report (DEVICE_COUNT's empty payload under `truncated` did)."""
+    from harness.fuzz import sweep
+    listed = {(f"{kind}:{what}", cmd, f)
+              for (kind, what, cmd), fs in _catalogue_fields(name).items() if kind == "framing"
+              for f in fs}
+    drawn = {(f"{s.desc['kind']}:{s.desc['what']}", s.desc["cmd"], s.desc["field"])
+             for sc in sweep.catalogue_walk(name, local_only=False) for s in sc.case.steps
+             if s.desc is not None and s.desc["kind"] == "framing"}
+    drawn = {(k, "UNKNOWN" if c.startswith("UNKNOWN_") else c, f) for k, c, f in drawn}
+    assert not listed - drawn, sorted(listed - drawn)

@@ -97,6 +97,37 @@ def _drawn(strategy, n: int, seed: int) -> list:
     return found
 
 
+FIELD_DRAWS = 32  # candidate draws for a field the first draws of a pair did not write
+
+
+def _drawn_every_field(strategy, n: int, seed: int, fields) -> list:
+    """``n`` draws that write every field the operator lists when there are at most ``n``:
+    a draw repeating a field gives way to one writing a field not yet written (two draws of
+    `truncated` on a short frame may both cut its header). The count stays ``n``, so the
+    sweep's size is what :func:`size` says."""
+    found = _drawn(strategy, n, seed)
+    fields = set(fields)
+    wanted = fields - {m.description["field"] for m in found}
+    if not wanted or len(fields) > n:
+        return found
+    for mut in _drawn(strategy, FIELD_DRAWS, seed ^ 0x5EED):
+        field = mut.description["field"]
+        if field not in wanted:
+            continue
+        seen = [m.description["field"] for m in found]
+        spare = next((i for i, f in enumerate(seen) if seen.count(f) > 1), None)
+        if spare is not None:
+            found[spare] = mut
+        elif len(found) < n:  # the strategy had fewer than n distinct draws
+            found.append(mut)
+        else:
+            break
+        wanted.discard(field)
+        if not wanted:
+            break
+    return found
+
+
 def catalogue_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
                    ) -> Iterator[SweepCase]:
     d = get_dialect(dialect)
@@ -107,7 +138,7 @@ def catalogue_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
         seed = zlib.crc32(f"{d.name}|{op.kind}|{op.what}|{name}".encode())
         buffers = None if op.kind == "framing" else regions
         strategy = rst.strategy_of(d, op.kind, cmd, what=op.what, buffers=buffers)
-        for mut in _drawn(strategy, draws, seed):
+        for mut in _drawn_every_field(strategy, draws, seed, op.fields_for(d, cmd)):
             if local_only and not _not_comm_init(mut):
                 continue
             desc = mut.description
