@@ -167,7 +167,8 @@ def test_fault_shim_line_parses_when_the_caller_has_a_long_cpp_name(tmp_path):
     (tmp_path / "main.c").write_text(
         "#include <stddef.h>\n"
         f"size_t {name}(const char *p);\n"
-        f"int main(void) {{ volatile const char *p = NULL; return (int){name}((const char *)p); }}\n")
+        "int main(void) { volatile const char *p = NULL;\n"
+        f"  return (int){name}((const char *)p); }}\n")
     subprocess.run([cc, "-O0", "-shared", "-fPIC", "-o", tmp_path / "liblong.so",
                     tmp_path / "lib.c"], check=True, timeout=60)
     subprocess.run([cc, "-O0", "-o", tmp_path / "main", tmp_path / "main.c",

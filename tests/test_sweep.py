@@ -134,6 +134,10 @@ def test_a_sweep_stopped_by_its_share_is_a_problem_and_an_exhausted_one_is_compl
     stopped = {"duration_s": 600, "sweep": {"cases": 3000, "done": 10, "complete": False}}
     assert systematic_problems(stopped) and not systematic_problems(
         {"duration_s": 600, "sweep": report["sweep"]})
+    # a 150 s campaign's 30 s share may not hold the whole sweep; its catalogue walk must
+    assert not systematic_problems({**stopped, "duration_s": 150})
+    assert systematic_problems({**stopped, "duration_s": 150,
+                                "coverage": {"missing": ["framing:truncated:HELLO"]}})
 
 
 @pytest.mark.slow
@@ -180,3 +184,19 @@ def test_the_in_process_engine_is_seeded_with_the_sweep(tmp_path):
     deep = next(c for c in sw.boundary_sweep("7.0.0") if "tensors_past_bound" in c.label)
     assert lfc.case_to_input(deep.case) not in files  # 19 MB: past max_len
     assert n == len(files) > sw.size("7.0.0") // 2
+
+
+def test_the_cached_walk_is_the_walk_and_a_damaged_cache_is_drawn_again(tmp_path, monkeypatch):
+    from harness.impls.cache import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    fresh = [c.case for c in sw.catalogue_walk("7.0.0")]
+    assert [c.case for c in sw.cached_walk("7.0.0")] == fresh
+    (stored,) = (tmp_path / "sweep").glob("walk-7.0.0-*.pickle")
+    assert [c.case for c in sw.cached_walk("7.0.0")] == fresh  # read back
+    stored.write_bytes(stored.read_bytes()[:100])  # a killed writer's half file
+    assert [c.case for c in sw.cached_walk("7.0.0")] == fresh
+    older = tmp_path / "sweep" / "walk-7.0.0-2-1-0000000000000000.pickle"
+    older.write_bytes(b"x")
+    stored.unlink()
+    sw.cached_walk("7.0.0")
+    assert not older.exists()  # a walk of another harness version is not kept

@@ -23,10 +23,15 @@ Cases come lazily (the deep graphs are megabytes); ``size`` counts them without 
 
 from __future__ import annotations
 
+import hashlib
+import os
+import pickle
+import tempfile
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from functools import partial
+from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
@@ -97,7 +102,7 @@ def _drawn(strategy, n: int, seed: int) -> list:
     return found
 
 
-FIELD_DRAWS = 32  # candidate draws for a field the first draws of a pair did not write
+FIELD_DRAWS = 8  # candidate draws for a field the first draws of a pair did not write
 
 
 def _drawn_every_field(strategy, n: int, seed: int, fields) -> list:
@@ -298,13 +303,51 @@ def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
         yield SweepCase("boundary", label, _session(d, head, _frame(d, req), cmd.value, desc))
 
 
+def _source_digest() -> str:
+    """Of every module of the harness: a walk drawn by other code is drawn again."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def cached_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
+                ) -> list[SweepCase]:
+    """The catalogue walk, drawn once per harness version and kept in the cache: drawing it
+    costs seconds of hypothesis generation (a sixth of a 2-minute campaign's sweep share)
+    that every campaign and worker would otherwise pay again for the same cases."""
+    from ..impls.registry import cache_root
+    key = f"{get_dialect(dialect).name}-{draws}-{int(local_only)}-{_source_digest()}"
+    path = cache_root() / "sweep" / f"walk-{key}.pickle"
+    try:
+        with open(path, "rb") as f:
+            cached = pickle.load(f)
+        if isinstance(cached, list) and all(isinstance(c, SweepCase) for c in cached):
+            return cached
+    except Exception:  # noqa: BLE001 - absent, or damaged in any way: drawn again
+        pass
+    cases = list(catalogue_walk(dialect, draws=draws, local_only=local_only))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False) as f:
+            pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(f.name, path)  # atomic: two workers may write it at once
+        for old in path.parent.glob(f"walk-{key.rsplit('-', 1)[0]}-*.pickle"):
+            if old != path:
+                old.unlink(missing_ok=True)  # drawn by an older harness
+    except OSError:
+        pass  # a read-only cache costs the time, not the result
+    return cases
+
+
 def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
           shard: tuple[int, int] = (1, 1)) -> Iterator[SweepCase]:
     """The whole sweep, the catalogue walk first (it is what the coverage table counts);
     ``shard`` (i, n): every n-th case from the i-th, for one of n workers."""
     i, n = shard
     k = 0
-    for part in (catalogue_walk(dialect, draws=draws, local_only=local_only),
+    for part in (cached_walk(dialect, draws=draws, local_only=local_only),
                  boundary_sweep(dialect)):
         for c in part:
             if k % n == i - 1:
