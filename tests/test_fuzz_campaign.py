@@ -300,3 +300,50 @@ def test_planted_bugs_are_found_named_and_minimised(tmp_path, knob, kind, comman
     repro = out / "crashes" / f["id"] / "repro.rpct"
     assert replay(repro, target, deadline=1.0).reproduced
     assert not replay(repro, "ref", deadline=1.0).reproduced
+
+
+def test_found_after_is_when_a_finding_was_first_seen_not_when_it_was_minimised(tmp_path,
+                                                                              monkeypatch):
+    """Confirming, shrinking and minimising take seconds each: a finding's found_after_s is
+    the time of the case that first showed it (planted fault: stamped when it was saved, a
+    late finding looked like one the campaign barely made)."""
+    import harness.fuzz.campaign as campaign
+    from harness.fuzz.case import annotate, step
+    from harness.fuzz.case_runner import Finding
+    from harness.fuzz.signature import Signature
+    from harness.fuzz.strategies import hello_request_frame
+    from harness.proto import get_dialect
+    from harness.proto.codec import pack_request
+    from harness.proto.messages import GetAlignmentRequest
+
+    d7 = get_dialect("7.0.0")
+    case = annotate(d7, (step(hello_request_frame(d7), "HELLO"),
+                         step(pack_request(d7, GetAlignmentRequest(0)), "GET_ALIGNMENT")))
+    sig = Signature("crash", "SIGSEGV", "planted", "GET_ALIGNMENT")
+    clock = [1000.0]
+
+    class Runner:  # each check costs ten simulated seconds
+        restarts = 0
+
+        def check(self, c, **_):
+            clock[0] += 10
+            return Finding(sig, c, seen_at=clock[0]), None
+
+    monkeypatch.setattr(campaign.time, "time", lambda: clock[0])
+    monkeypatch.setattr(campaign, "minimise_case", lambda c, same, budget: same(c) and c)
+    monkeypatch.setattr(campaign, "drop_unneeded_mutations", lambda c, same: c)
+    monkeypatch.setattr(campaign, "replay", lambda *a, **k: type("R", (), {"reproduced": 1}))
+    events: list[dict] = []
+    worker = campaign._Worker(CampaignConfig(target="ref", duration=60, out=tmp_path), 0, 1,
+                              tmp_path, events.append)
+    (tmp_path / "claims").mkdir()
+    worker.t0, worker.runner = 1000.0, Runner()
+    worker._consider(Finding(sig, case, seen_at=1003.0))  # queued after confirming
+    worker._drain_queue()
+    found = [e["finding"] for e in events if e["type"] == "finding"]
+    assert [f["found_after_s"] for f in found] == [3.0], found
+    assert clock[0] >= 1030.0  # confirmed, minimised and checked once more meanwhile
+    # A hunted signature (shrunk by hypothesis first) keeps its time the same way.
+    other = Signature("crash", "SIGABRT", "planted", "GET_ALIGNMENT")
+    worker._consider(Finding(other, case, seen_at=1040.0), hunt=True, confirmed=True)
+    assert worker.hunting == other and worker.hunt_seen_at == 1040.0

@@ -158,6 +158,7 @@ class _Worker:
         self.hunting: Signature | None = None  # the signature being shrunk by hypothesis
         self.best: Case | None = None
         self.hunt_end = 0.0
+        self.hunt_seen_at = 0.0  # when the signature being shrunk was first seen
         self.generated_steps = 0  # length of the case hypothesis started shrinking from
         self.queue: list[Finding] = []  # confirmed new findings waiting to be minimised
         self._last_emit = 0.0
@@ -285,7 +286,8 @@ class _Worker:
         if self.hunting is not None:
             sig, best = self.hunting, self.best
             self.hunting = None
-            self._finalise(Finding(sig, best), generated=self.generated_steps)
+            self._finalise(Finding(sig, best, seen_at=self.hunt_seen_at),
+                           generated=self.generated_steps)
 
     def _evolve(self, n: int) -> None:
         """``n`` cases derived from corpus entries (their findings are queued: ddmin only)."""
@@ -358,7 +360,7 @@ class _Worker:
                     self._save(verdict, verdict.case, None, minimised=False, confirmed=False)
                 return
             verdict = Finding(again.signature, verdict.case, again.detail or verdict.detail,
-                              again.outcome)
+                              again.outcome, seen_at=verdict.seen_at)
             self.fast_seen[fast] = verdict.signature.id
         if not self._claim(verdict.signature):
             self.stats["duplicates"] += 1
@@ -366,6 +368,7 @@ class _Worker:
             return
         if hunt and self.hunting is None:
             self.hunting, self.best = verdict.signature, verdict.case
+            self.hunt_seen_at = verdict.seen_at
             self.generated_steps = len(verdict.case.steps)
             self.hunt_end = time.monotonic() + min(self._shrink_seconds() / 2,
                                                    self.cfg.hypothesis_shrink_seconds)
@@ -421,12 +424,14 @@ class _Worker:
             final.detail += "; the minimised case stopped reproducing (timing)"
         self._save(final, minimal, out, minimised=True, confirmed=True, claim_id=claim_id,
                    original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,
-                   attempts=budget.attempts)
+                   attempts=budget.attempts, seen_at=verdict.seen_at)
 
     def _save(self, verdict: Finding, case: Case, out: Outcome | None, *, minimised: bool,
               confirmed: bool, claim_id: str | None = None, original: int | None = None,
-              shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0) -> None:
+              shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0,
+              seen_at: float | None = None) -> None:
         sig = verdict.signature
+        seen_at = verdict.seen_at if seen_at is None else seen_at
         folder = self.out / "crashes" / sig.id
         try:
             folder.mkdir(parents=True)
@@ -447,7 +452,7 @@ class _Worker:
                                          "hypothesis_shrunk_steps": shrunk,
                                          "minimise_seconds": round(seconds, 1),
                                          "minimise_attempts": attempts,
-                                         "found_after_s": round(time.time() - self.t0, 1),
+                                         "found_after_s": round(max(seen_at - self.t0, 0.0), 1),
                                          "worker": self.index,
                                          "oracles": self.limits.to_json()})
         if confirmed:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from . import sanitizer
 from .case import Case
@@ -35,6 +35,9 @@ class Finding:
     case: Case
     detail: str = ""
     outcome: Outcome | None = None
+    # when it was first seen (time.time): a report's "found after" is this, not the end of
+    # the minimisation that follows
+    seen_at: float = field(default_factory=time.time)
 
 
 def culprit(case: Case, out: Outcome | None, *, lockstep: bool = False,
