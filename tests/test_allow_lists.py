@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
-from harness.fuzz.case_runner import Finding
+from harness.fuzz.case_runner import Finding, late_signature
 from harness.fuzz.differential import SHIPPED_ALLOW_DIR, compare, load_allow
 from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.fuzz.signature import Signature
@@ -116,8 +116,18 @@ SHIPPED = sorted(SHIPPED_ALLOW_DIR.glob("allow-*.yaml"))
 
 
 def _death(line: str) -> Signature:
+    if line.startswith("hang:"):  # the runner's own hang lines
+        return Signature("hang", "", line[len("hang:"):], "SET_TENSOR")
     return Signature("crash", "SIGSEGV" if line.startswith("SIGSEGV") else "SIGABRT", line,
                      "SET_TENSOR")
+
+
+def _late_line(announced: int) -> str:
+    """What the runner names a server late after a session announcing ``announced`` bytes."""
+    head = bytes([D7.id_of(m.SetTensorRequest.cmd)]) + announced.to_bytes(8, "little")
+    case = annotate(D7, (step(rst.hello_request_frame(D7), "HELLO"),
+                         step(head + bytes(24), "SET_TENSOR", eof=True)))
+    return "hang:" + late_signature(case, "SET_TENSOR").line
 
 
 # planted divergences: (entry pattern it must be allowed by, the real side's death line)
@@ -141,6 +151,7 @@ DEATHS = [
     "ggml-cpu.c:2512: fatal error",
     'ggml-rpc.cpp:700: GGML_ASSERT(header.offset + size <= ggml_nbytes(tensor) && "tensor '
     'write out of bounds") failed',
+    _late_line(2_181_763_472),
 ]
 # near misses no death entry may let pass: another assert, the same one on the reference, ...
 NEAR_DEATHS = [
@@ -152,6 +163,10 @@ NEAR_DEATHS = [
     "SIGSEGV null page in libc.so.6 page 0x167000",
     "SIGSEGV null page in libc.so.6 page 0x167000 from libggml-rpc.so page 0x3000",
     "SIGSEGV wild address in libggml-base.so (ggml_nbytes)",
+    # late with no gigabyte prefix to explain it, or not serving at all
+    _late_line(1 << 20),
+    "hang:server stopped serving new connections",
+    "hang:no answer within the deadline",
 ]
 
 
@@ -196,8 +211,9 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
     covered = 0
     for entry in _entries(path):
         if entry["kind"] == "death":
-            mine = [d for d in DEATHS if re.search(entry["match"], f"p7 broke: crash "
-                                                   f"{_death(d).signal} {d} / survived")]
+            mine = [d for d in DEATHS if re.search(entry["match"], f"p7 broke: "
+                                                   f"{_death(d).kind} {_death(d).signal} "
+                                                   f"{_death(d).line} / survived")]
             assert mine, f"{path.name}: no planted death for {entry['match']}"
             for line in mine:
                 assert _allows(entry, _death_runs(case, line), case), line

@@ -250,3 +250,38 @@ def test_a_peak_above_the_rss_bound_is_a_memory_finding_though_no_sample_saw_it(
     assert found.reproduced and found.observed.kind == "memory", found.summary()
     monkeypatch.setattr(Target, "peak_rss", lambda self: None)  # planted: the samples alone
     assert not replay(folder, "p7").reproduced
+
+
+@realpeer
+def test_a_server_busy_past_the_deadline_is_late_not_stopped(tmp_path, monkeypatch):
+    """p7 zeroes the 1.75 GiB a SET_TENSOR prefix announces before reading the payload and
+    frees it when the client hangs up: over a second on the CPU before it serves the next
+    client, past a 0.2 s deadline. It did serve it: the verdict says late (naming the
+    prefix), not 'stopped serving'; a server neither answering nor working is stopped."""
+    import harness.fuzz.target as target_mod
+    from harness.fuzz.case_runner import CaseRunner
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
+    require_peer_dir()
+    head = bytes([D7.id_of(SetTensorRequest.cmd)]) + (7 << 28).to_bytes(8, "little")
+    case = annotate(D7, (step(hello_request_frame(D7), "HELLO"),
+                         step(head + bytes(24), "SET_TENSOR")))  # we hang up, no EOF wait
+    # bounds far above the 1.75 GiB (under the reference's 2 GiB payload bound), so the
+    # memory oracle does not answer first
+    target = Target(TargetSpec.parse("p7", None), tmp_path / "w", as_limit=6 << 30,
+                    rss_limit=5 << 30)
+    target.start()
+    try:
+        runner = CaseRunner(target, deadline=0.2)
+        verdict, _ = runner.check(case)
+        assert verdict is not None and verdict.signature.kind == "hang", verdict
+        assert verdict.signature.line == ("server busy past the deadline before it served a "
+                                          "new connection after a length prefix over 1 GiB")
+        assert "answered after" in verdict.detail
+        # planted: working is never enough (the old probe: one deadline, then 'stopped', or
+        # the SIGPIPE death of answering the probe it closed, whichever the runner sees first)
+        monkeypatch.setattr(target_mod, "BUSY_SHARE", 1e9)
+        verdict, _ = runner.check(case)
+        assert verdict is not None and "busy past" not in verdict.signature.line, verdict
+    finally:
+        target.stop()

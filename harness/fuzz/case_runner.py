@@ -25,6 +25,8 @@ from .target import Target
 from .signature import Signature, normalise
 
 _NUMBER = re.compile(r"\b\d+\b")
+LATE_SLACK = 0.5  # a first-probe answer a little past the deadline (connect time) is not late
+HUGE_PREFIX = 1 << 30
 
 
 @dataclass
@@ -156,18 +158,8 @@ class CaseRunner:
         verdict = self._judge_now(case, out, lockstep=lockstep)
         if verdict is None and out.status in (OK, CLOSED):
             # Still serving? (A crash after our last answer, or a server stuck in our case.)
-            if not self.target.answers_hello(timeout=self.deadline):
-                info = self.target.wait_exit(1.0)
-                cmd = culprit(case, out, lockstep=lockstep)
-                if info is not None:
-                    sig, detail = self.target.death_verdict(info, cmd)
-                    verdict = Finding(sig, case, detail, out)
-                else:
-                    verdict = Finding(Signature("hang", "", "server stopped serving new "
-                                                "connections", culprit(case, out, hang=True)),
-                                      case,
-                                      "no HELLO answer on a new connection", out)
-            elif self.oracles is not None:
+            verdict = self._serving_verdict(case, out, lockstep=lockstep)
+            if verdict is None and self.oracles is not None:
                 found = self.oracles.judge_isolated(case, out, before)
                 if found is not None:
                     verdict = Finding(found[0], case, found[1], out)
@@ -254,22 +246,50 @@ class CaseRunner:
         """Is the server that closed the previous connection still alive?"""
         case, out = self.pending
         self.pending = None
-        if self.target.exit_info() is None and self.target.answers_hello(timeout=self.deadline):
+        verdict = self._serving_verdict(case, out)
+        if verdict is None:
             return []
-        info = self.target.wait_exit(1.0)
-        if info is not None:
-            sig, detail = self.target.death_verdict(info, culprit(case, out))
-            verdict = Finding(sig, case, detail, out)
-        else:
-            verdict = Finding(Signature("hang", "", "server stopped serving new connections",
-                                        culprit(case, out, hang=True)), case,
-                              "no HELLO answer on a new connection", out)
         self.restart()
         return [verdict]
+
+    def _serving_verdict(self, case: Case, out: Outcome, *,
+                         lockstep: bool = False) -> Finding | None:
+        """After a connection: None if a new one is served within the deadline; else how the
+        server failed it: it died, it was busy on the CPU past the deadline (late), or it
+        stopped serving."""
+        if self.target.exit_info() is None:
+            served, seconds = self.target.serves_new_connection(self.deadline)
+            if served and seconds <= self.deadline + LATE_SLACK:
+                return None
+            if served:
+                return Finding(late_signature(case, culprit(case, out, hang=True)), case,
+                               f"a new connection's HELLO was answered after {seconds:.1f} s "
+                               f"(deadline {self.deadline:g} s), the server working on the "
+                               f"CPU meanwhile", out)
+        info = self.target.wait_exit(1.0)
+        if info is not None:
+            sig, detail = self.target.death_verdict(info, culprit(case, out, lockstep=lockstep))
+            return Finding(sig, case, detail, out)
+        return Finding(Signature("hang", "", "server stopped serving new connections",
+                                 culprit(case, out, hang=True)), case,
+                       "no HELLO answer on a new connection", out)
 
     def finish(self) -> list[Finding]:
         """Judge a pending connection at the end of a run."""
         return self._settle_pending() if self.pending is not None else []
+
+
+def late_signature(case: Case, command: str) -> Signature:
+    """A server that served a new connection only after the deadline, busy meanwhile. The
+    line names the likely cause when the case has it: a frame whose length prefix announced
+    over HUGE_PREFIX bytes (the real servers allocate and zero what a prefix announces
+    before reading the payload, and free it when the client hangs up)."""
+    announced = max((int.from_bytes(s.frame[1:9], "little") for s in case.steps
+                     if len(s.frame) >= 9), default=0)
+    cause = f" after a length prefix over {HUGE_PREFIX >> 30} GiB" \
+        if announced > HUGE_PREFIX else ""
+    return Signature("hang", "", "server busy past the deadline before it served a new "
+                     "connection" + cause, command)
 
 
 def _disabling(verdict: Finding) -> bool:

@@ -31,6 +31,8 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import psutil
+
 from .errors import TargetError
 from .signature import Signature, death_line, signal_text, vm_hwm, without_paths
 from .target_spec import TargetSpec, dialect_or_none, server_binary
@@ -47,6 +49,11 @@ from .faultinfo import is_sanitized, with_shim
 
 DEFAULT_AS_LIMIT = 3 << 30
 DEFAULT_RSS_LIMIT = 1 << 30
+# A server still working on the CPU when a new connection's HELLO is due (zeroing the
+# gigabytes a length prefix announced, then freeing them) is waited for this long at most
+# before it counts as no longer serving: late is not the same finding as stopped.
+BUSY_GRACE = 30.0
+BUSY_SHARE = 0.1  # "working": at least this share of a core while the HELLO went unanswered
 REFERENCE_MEMORY = "256M"  # the reference server's buffer budget under fuzzing
 
 
@@ -384,6 +391,47 @@ class Target:
                 return n < (1 << 16) and len(recv_exact(s, n)) == n
         except OSError:
             return False
+
+    def cpu_seconds(self) -> float | None:
+        """User + system CPU time of the server process (None: not local, or gone)."""
+        pid = self._local_pid()
+        try:
+            t = psutil.Process(pid).cpu_times() if pid is not None else None
+        except psutil.Error:
+            return None
+        return t.user + t.system if t is not None else None
+
+    def serves_new_connection(self, timeout: float,
+                              grace: float = BUSY_GRACE) -> tuple[bool, float]:
+        """(served, seconds): did a new connection's HELLO get its answer, and after how
+        long? Within ``timeout``, or later while the server kept working on the CPU (at least
+        BUSY_SHARE of a core in each ``timeout`` it went unanswered), up to ``grace`` in all.
+        One connection throughout: a C server that answers a probe already closed dies of
+        SIGPIPE (the real 7.0.0 server does), so a late answer is waited for, not given up."""
+        from .strategies import hello_request_frame
+        frame = hello_request_frame(self.dialect or DEFAULT.name)
+        t0 = time.monotonic()
+        try:
+            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
+                s.sendall(frame)
+                while True:
+                    cpu, start = self.cpu_seconds(), time.monotonic()
+                    try:
+                        if not s.recv(1, socket.MSG_PEEK):
+                            return False, time.monotonic() - t0  # closed on us
+                        break
+                    except TimeoutError:
+                        now, used = time.monotonic(), self.cpu_seconds()
+                        if cpu is None or used is None or self.exit_info() is not None or \
+                                used - cpu < BUSY_SHARE * (now - start) or now - t0 >= grace:
+                            return False, now - t0
+                        s.settimeout(min(timeout, max(grace - (now - t0), 0.1)))
+                s.settimeout(timeout)
+                (n,) = struct.unpack("<Q", recv_exact(s, 8))
+                served = n < (1 << 16) and len(recv_exact(s, n)) == n
+                return served, time.monotonic() - t0
+        except OSError:
+            return False, time.monotonic() - t0
 
     def death_verdict(self, info: ExitInfo, command: str) -> tuple[Signature, str]:
         """The signature of a death, and a human detail (the raw log line, exit status)."""
