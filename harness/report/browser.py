@@ -31,6 +31,9 @@ from ..strictness import strict
 REQUIRE_ENV = "GGML_RPC_HARNESS_REQUIRE_CHROMIUM"
 WIDTH = 1400
 _TIMEOUT = 60.0
+# A full matrix page is ~60,000 px tall: its screenshot takes longer than a minute on two
+# cores, so the bound grows with the height (60 s more per 10,000 px).
+_TIMEOUT_PER_PX = 60.0 / 10_000
 _BOXES_ID = "ggml-rpc-glyph-boxes"
 # Measures every glyph after layout; the dump then carries the boxes as JSON.
 _MEASURE = f"""<script>
@@ -59,7 +62,8 @@ def find_chromium() -> str | None:
     return None
 
 
-def _chromium(args: list[str], url: str) -> subprocess.CompletedProcess:
+def _chromium(args: list[str], url: str,
+              timeout: float = _TIMEOUT) -> subprocess.CompletedProcess:
     exe = find_chromium()
     if exe is None:
         raise FileNotFoundError("no chromium on PATH (Debian: apt-get install chromium)")
@@ -67,7 +71,7 @@ def _chromium(args: list[str], url: str) -> subprocess.CompletedProcess:
         cmd = [exe, "--headless", "--no-sandbox", "--disable-gpu",
                "--disable-background-networking", "--hide-scrollbars",
                "--force-device-scale-factor=1", f"--user-data-dir={profile}", *args, url]
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=_TIMEOUT,
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                               stdin=subprocess.DEVNULL)
 
 
@@ -99,7 +103,8 @@ def render(html_path: Path, screenshot: Path, width: int = WIDTH) -> Rendered:
         import html as html_mod
         data = json.loads(html_mod.unescape(m.group(1)))
         height = max(int(data["height"]), 200)
-        shot = _chromium([f"--window-size={width},{height}", f"--screenshot={screenshot}"], url)
+        shot = _chromium([f"--window-size={width},{height}", f"--screenshot={screenshot}"], url,
+                         timeout=_TIMEOUT + _TIMEOUT_PER_PX * height)
         if not Path(screenshot).is_file():
             raise RuntimeError(f"chromium wrote no screenshot (rc={shot.returncode}): "
                                f"{shot.stderr.strip()[-500:]}")
