@@ -422,16 +422,16 @@ class _Worker:
         if final is None or not final.signature.same_bug(sig, command=False):
             minimal, final, out = case, verdict, None
             final.detail += "; the minimised case stopped reproducing (timing)"
+        final.seen_at = verdict.seen_at  # found when first seen, not when minimised
         self._save(final, minimal, out, minimised=True, confirmed=True, claim_id=claim_id,
                    original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,
-                   attempts=budget.attempts, seen_at=verdict.seen_at)
+                   attempts=budget.attempts)
 
     def _save(self, verdict: Finding, case: Case, out: Outcome | None, *, minimised: bool,
               confirmed: bool, claim_id: str | None = None, original: int | None = None,
-              shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0,
-              seen_at: float | None = None) -> None:
+              shrunk: int | None = None, seconds: float = 0.0, attempts: int = 0) -> None:
         sig = verdict.signature
-        seen_at = verdict.seen_at if seen_at is None else seen_at
+        found_after = round(max(verdict.seen_at - self.t0, 0.0), 1)
         folder = self.out / "crashes" / sig.id
         try:
             folder.mkdir(parents=True)
@@ -452,7 +452,7 @@ class _Worker:
                                          "hypothesis_shrunk_steps": shrunk,
                                          "minimise_seconds": round(seconds, 1),
                                          "minimise_attempts": attempts,
-                                         "found_after_s": round(max(seen_at - self.t0, 0.0), 1),
+                                         "found_after_s": found_after,
                                          "worker": self.index,
                                          "oracles": self.limits.to_json()})
         if confirmed:

@@ -26,7 +26,6 @@ import os
 import resource
 import shutil
 import socket
-import struct
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -43,6 +42,7 @@ from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_serve
     start_reference_server
 from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
+from ..proto.wire import U64
 from ..transport.tcp import recv_exact
 from . import sanitizer
 from .faultinfo import is_sanitized, with_shim
@@ -380,17 +380,8 @@ class Target:
         return v if v is not None and self.rss_limit and v > self.rss_limit else None
 
     def answers_hello(self, timeout: float = 2.0) -> bool:
-        """A throwaway connection that only says HELLO: is the server serving?"""
-        from .strategies import hello_request_frame
-        frame = hello_request_frame(self.dialect or DEFAULT.name)
-        try:
-            with socket.create_connection((self.host, self.port), timeout=timeout) as s:
-                s.sendall(frame)
-                head = recv_exact(s, 8)
-                (n,) = struct.unpack("<Q", head)
-                return n < (1 << 16) and len(recv_exact(s, n)) == n
-        except OSError:
-            return False
+        """A throwaway connection that only says HELLO: answered within ``timeout``?"""
+        return self.serves_new_connection(timeout, grace=0.0)[0]
 
     def cpu_seconds(self) -> float | None:
         """User + system CPU time of the server process (None: not local, or gone)."""
@@ -427,7 +418,7 @@ class Target:
                             return False, now - t0
                         s.settimeout(min(timeout, max(grace - (now - t0), 0.1)))
                 s.settimeout(timeout)
-                (n,) = struct.unpack("<Q", recv_exact(s, 8))
+                (n,) = U64.unpack(recv_exact(s, U64.size))
                 served = n < (1 << 16) and len(recv_exact(s, n)) == n
                 return served, time.monotonic() - t0
         except OSError:
