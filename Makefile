@@ -52,8 +52,9 @@ matrix: peers
 
 # A selection that collects nothing (pytest's exit 5) fails like any other error: a test run
 # that ran nothing is no evidence.
+# The forty slowest tests are listed at the end: the suite's time is CI's tightest budget.
 test: peers
-	bash .ci/with-docker $(BIN)/python -m pytest $(PYTEST_ARGS)
+	bash .ci/with-docker $(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS)

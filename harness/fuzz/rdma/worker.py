@@ -21,9 +21,11 @@ answer in time is killed and reported (:class:`WorkerDied`), and the process is 
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -172,6 +174,10 @@ OPS = {"case": run_case, "liveness": run_liveness}
 
 
 def main() -> None:
+    # a crash in the soft device, or a wait that never ends, leaves its Python stack in the
+    # log the parent quotes (SIGUSR1 is the parent asking where a silent worker is stuck)
+    faulthandler.enable()
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     for line in sys.stdin:
         req = json.loads(line)
         print(json.dumps(OPS[req["op"]](req)), flush=True)
@@ -208,11 +214,27 @@ class FuzzPeer:
         ready = select.select([self.proc.stdout], [], [], deadline)[0]
         line = self.proc.stdout.readline() if ready else ""
         if not line:
+            silent = self.proc.poll() is None
+            if silent:
+                self._where_stuck()
             self.close()
             tail = self.log_path.read_text(errors="replace")[-3000:]
-            raise WorkerDied(f"the RDMA fuzz worker gave no answer within {deadline:g} s:\n"
-                             f"{tail}")
+            what = f"gave no answer within {deadline:g} s" if silent else \
+                f"exited ({self.proc.returncode}) without an answer"
+            raise WorkerDied(f"the RDMA fuzz worker {what}; its log ends:\n{tail}")
         return json.loads(line)
+
+    def _where_stuck(self) -> None:
+        """Ask the worker for its stack (faulthandler on SIGUSR1) before it is stopped."""
+        size = self.log_path.stat().st_size
+        try:
+            os.kill(self.proc.pid, signal.SIGUSR1)
+        except OSError:
+            return
+        end = time.monotonic() + 2.0
+        while time.monotonic() < end and self.log_path.stat().st_size == size:
+            time.sleep(0.05)
+        time.sleep(0.1)  # the rest of the dump
 
     def alive(self) -> bool:
         return self.proc.poll() is None
