@@ -124,3 +124,26 @@ def test_the_sweep_cuts_every_stream_command_with_every_plan_the_same_way_each_t
         assert sum(c.writes) == len(c.stream) and p.has_probe(c)
     assert [c.to_json() for c in p.sweep_cases()] == [c.to_json() for c in cases]
     assert [c.plan["what"] for c in p.sweep_cases(("ragged",))] == ["ragged"] * 3
+
+
+def _sends(case) -> int:
+    return sum(-(-w // case.chunk) for w in case.writes)
+
+
+def test_cycled_sizes_stop_after_a_bounded_number_of_writes():
+    # 1-2 byte sizes over a 600 KB stream: once 400,000 SENDs, minutes of soft-device round
+    # trips past the worker's deadline (the CI failure of stop 27); now the rest is one write
+    writes = p._cycle([1, 2], 600_000)
+    assert sum(writes) == 600_000 and len(writes) == p.MAX_CYCLED_WRITES + 1
+    assert p._cycle([7], 20) == [7, 7, 6]
+
+
+@SETTINGS
+@given(p.rdma_cases())
+def test_no_case_makes_more_sends_than_the_bound(case):
+    assert _sends(case) <= p.MAX_CYCLED_WRITES + 256, (case.plan, len(case.writes))
+
+
+def test_no_sweep_case_makes_more_sends_than_the_bound():
+    # the old sweep held a ragged case of 266,051 SENDs (the plans' old unbounded cycle)
+    assert max(_sends(c) for c in p.sweep_cases()) <= p.MAX_CYCLED_WRITES + 256

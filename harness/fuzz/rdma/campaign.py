@@ -350,7 +350,9 @@ def run_rdma_campaign(cfg: RdmaCampaignConfig, *, on_progress: Callable | None =
         try:
             obs = session.observe(case)
         except WorkerDied as e:
-            progress.errors.append({"worker": 0, "error": str(e)[:2000]})
+            # the case too: what the worker was doing when it stopped answering
+            progress.errors.append({"worker": 0, "error": str(e)[:2000],
+                                    "case": case.describe()})
             stats["worker_restarts"] += 1
             return
         timing["cases"] += time.monotonic() - t0
