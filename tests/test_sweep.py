@@ -5,6 +5,7 @@ label says, counted right, and a planted boundary bug found by the sweep alone."
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import Counter
 from dataclasses import fields
 
@@ -200,3 +201,35 @@ def test_the_cached_walk_is_the_walk_and_a_damaged_cache_is_drawn_again(tmp_path
     stored.unlink()
     sw.cached_walk("7.0.0")
     assert not older.exists()  # a walk of another harness version is not kept
+
+
+def _slow_walk_campaign(tmp_path, monkeypatch):
+    """A 3 s campaign whose walk is not in the cache and takes 4 s to draw."""
+    from harness.fuzz.campaign import CampaignConfig, run_campaign
+    from harness.impls.cache import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    real = sw.catalogue_walk
+
+    def slow(*a, **kw):
+        time.sleep(4.0)
+        return real(*a, **kw)
+    monkeypatch.setattr(sw, "catalogue_walk", slow)
+    _, report = run_campaign(CampaignConfig(target="ref", duration=3, seed=3,
+                                            out=tmp_path / "out", shrink_seconds=2))
+    return report
+
+
+def test_a_campaign_draws_the_walk_before_its_clock_starts(tmp_path, monkeypatch):
+    # the CI failure of stop 28: `harness bench --quick` ran the first campaign of a new
+    # harness version for 4 s, all of them spent drawing the walk: 0 messages/s
+    report = _slow_walk_campaign(tmp_path, monkeypatch)
+    # (3 s is too short for the sweep's share after the warm-up: the random phase sends)
+    assert report["messages_sent"] > 0 and report["cases"] > 0, report["timing_s"]
+
+
+def test_planted_a_walk_drawn_on_the_clock_leaves_a_short_campaign_nothing(tmp_path,
+                                                                          monkeypatch):
+    import harness.fuzz.campaign as campaign
+    monkeypatch.setattr(campaign, "cached_walk", lambda dialect: None)
+    report = _slow_walk_campaign(tmp_path, monkeypatch)
+    assert report["messages_sent"] == 0, report["timing_s"]  # the walk took its time
