@@ -203,9 +203,8 @@ def test_the_cached_walk_is_the_walk_and_a_damaged_cache_is_drawn_again(tmp_path
     assert not older.exists()  # a walk of another harness version is not kept
 
 
-def _slow_walk_campaign(tmp_path, monkeypatch):
-    """A 3 s campaign whose walk is not in the cache and takes 4 s to draw."""
-    from harness.fuzz.campaign import CampaignConfig, run_campaign
+def _slow_walk(tmp_path, monkeypatch):
+    """No walk in the cache, and drawing it takes 4 s."""
     from harness.impls.cache import CACHE_ENV
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     real = sw.catalogue_walk
@@ -214,9 +213,35 @@ def _slow_walk_campaign(tmp_path, monkeypatch):
         time.sleep(4.0)
         return real(*a, **kw)
     monkeypatch.setattr(sw, "catalogue_walk", slow)
+
+
+def _slow_walk_campaign(tmp_path, monkeypatch):
+    """A 3 s campaign whose walk is not in the cache and takes 4 s to draw."""
+    from harness.fuzz.campaign import CampaignConfig, run_campaign
+    _slow_walk(tmp_path, monkeypatch)
     _, report = run_campaign(CampaignConfig(target="ref", duration=3, seed=3,
                                             out=tmp_path / "out", shrink_seconds=2))
     return report
+
+
+def _slow_walk_differential(tmp_path, monkeypatch):
+    _slow_walk(tmp_path, monkeypatch)
+    _, report = run_differential(DifferentialConfig(a="ref", b="ref-7.0.0", duration=3,
+                                                    seed=3, out=tmp_path / "d"))
+    return report
+
+
+def test_a_differential_draws_the_walk_before_its_clock_starts(tmp_path, monkeypatch):
+    report = _slow_walk_differential(tmp_path, monkeypatch)
+    assert report["cases"] > 0 and not report["errors"], report["stats"]
+
+
+def test_planted_a_differential_drawing_the_walk_on_the_clock_runs_no_session(tmp_path,
+                                                                              monkeypatch):
+    import harness.fuzz.differential as diff
+    monkeypatch.setattr(diff, "cached_walk", lambda *a, **kw: None)
+    report = _slow_walk_differential(tmp_path, monkeypatch)
+    assert report["cases"] == 0, report["stats"]
 
 
 def test_a_campaign_draws_the_walk_before_its_clock_starts(tmp_path, monkeypatch):

@@ -58,7 +58,7 @@ from .replay import load
 from .report import DEFAULT_MIN_MESSAGES, _sweep_row, campaign_problems
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
-from .sweep import size as sweep_size, sweep as sweep_cases
+from .sweep import cached_walk, size as sweep_size, sweep as sweep_cases
 from .written import unwritten_ranges
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .signature import Signature, normalise, slug
@@ -415,8 +415,14 @@ def run_differential(cfg: DifferentialConfig, *,
             on_progress(progress)
     try:
         dialect = pair.start()
-        strategy = cases(dialect, max_steps=cfg.max_steps,
-                         local_only=not all(s.is_reference for s in specs))
+        local_only = not all(s.is_reference for s in specs)
+        strategy = cases(dialect, max_steps=cfg.max_steps, local_only=local_only)
+        if cfg.sweep_share > 0:
+            # set-up, as in a campaign's worker: drawn (or read from the cache) before the
+            # clock starts, or a first run after an upgrade spends seconds of its time on it
+            cached_walk(dialect, local_only=local_only)
+        t0 = time.time()  # the servers' start is set-up too
+        end = t0 + cfg.duration
 
         def one(case: Case) -> None:
             runs = pair.run(case)
@@ -449,7 +455,7 @@ def run_differential(cfg: DifferentialConfig, *,
             if on_progress is not None:
                 on_progress(progress)
             stop, s0 = t0 + cfg.sweep_share * cfg.duration, time.time()
-            for item in sweep_cases(dialect, local_only=not all(s.is_reference for s in specs)):
+            for item in sweep_cases(dialect, local_only=local_only):
                 if not more() or time.time() >= stop:
                     break
                 one(item.case)
