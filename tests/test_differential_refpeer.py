@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
 from harness.fuzz.differential import DifferentialError, answers, load_allow, run_pair
@@ -319,6 +320,21 @@ def test_allow_lists_include_others_and_refuse_cycles(tmp_path):
     (tmp_path / "b.yaml").write_text("- include: a.yaml\n")
     with pytest.raises(DifferentialError, match="cycle"):
         load_allow(tmp_path / "a.yaml")
+
+
+def test_an_allow_list_entry_that_repeats_an_included_one_is_refused(tmp_path):
+    # p7f's list repeated the graph-bound entry the 7.0.0 list had taken in: the copy could
+    # never let a session pass (the first match does) and showed as an entry of 0 sessions
+    import shutil
+    shutil.copy(ALLOW["7.0.0"], tmp_path / "base.yaml")
+    entry = next(e for e in load_allow(ALLOW["7.0.0"], defaults=False) if e.get("match"))
+    (tmp_path / "top.yaml").write_text(
+        "- include: base.yaml\n" + yaml.safe_dump([{k: v for k, v in entry.items()}]))
+    with pytest.raises(DifferentialError, match="repeats one in .*base.yaml"):
+        load_allow(tmp_path / "top.yaml")
+    (tmp_path / "top.yaml").write_text(
+        "- include: base.yaml\n" + yaml.safe_dump([{**entry, "match": entry["match"] + "x"}]))
+    assert len(load_allow(tmp_path / "top.yaml")) == len(load_allow(ALLOW["7.0.0"])) + 1
 
 
 def test_the_p7f_direct_receive_assert_is_allowed_for_p7f_only():

@@ -133,7 +133,18 @@ def load_allow(path: Path | None, *, defaults: bool = True,
                                                             for x in b)):
             raise DifferentialError(f"{path}: bytes must be [start, end] or {UNWRITTEN!r}, "
                                     f"not {b!r}")
-        entries.append({"kind": "answer", **e})
+        entries.append({"kind": "answer", **e, "_from": str(path)})
+    if _including is None:
+        # an entry that repeats another (often one an include already holds) can never let a
+        # session pass (the first match takes it), and its count of 0 reads as a stale entry
+        first: dict[tuple, str] = {}
+        for e in entries:
+            key = (e["cmd"], e["kind"], repr(e.get("bytes")), e.get("match"))
+            if key in first:
+                raise DifferentialError(
+                    f"{e['_from']}: the entry {e['cmd']} {e['kind']} "
+                    f"{e.get('match') or ''} repeats one in {first[key]}")
+            first[key] = e.pop("_from", "the built-in list")
     return entries
 
 
