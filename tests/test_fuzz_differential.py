@@ -101,6 +101,19 @@ def test_a_planted_difference_is_one_minimised_finding_that_replays(tmp_path):
     assert proc.returncode == 1 and "REPRODUCED" in proc.stdout, proc.stdout + proc.stderr
     assert json.loads((folder / "finding.json").read_text())["replay"].endswith(
         f"--differential ref {planted}")
+    # An allow-list that covers it: not reproduced, and the entry that let it pass is named
+    (tmp_path / "allow.yaml").write_text(
+        "- cmd: SET_TENSOR_HASH\n  kind: answer\n  reason: the planted cache claim\n")
+    used: list[dict] = []
+    assert replay_differential(folder / "repro.rpct", "ref", planted,
+                               allow=tmp_path / "allow.yaml", used=used) is None
+    assert [e["reason"] for e in used] == ["the planted cache claim"]
+    proc = subprocess.run([sys.executable, "-m", "harness", "replay", str(folder),
+                           "--differential", "ref", planted, "--allow",
+                           str(tmp_path / "allow.yaml")], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and "differ only as the allow-list allows" in proc.stdout \
+        and "the planted cache claim" in proc.stdout, proc.stdout + proc.stderr
 
 
 @pytest.mark.slow

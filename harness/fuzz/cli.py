@@ -189,11 +189,24 @@ def _replay_differential(console: Console, file: Path, pair: tuple[str, str], *,
                          dialect: str | None, deadline: float, allow: Path | None) -> int:
     from .differential import replay_differential
 
+    used: list[dict] = []
     try:
-        div = replay_differential(file, *pair, dialect=dialect, deadline=deadline, allow=allow)
+        div = replay_differential(file, *pair, dialect=dialect, deadline=deadline, allow=allow,
+                                  used=used)
     except (TargetError, OSError, ValueError, KeyError) as e:
         console.print(f"[red]cannot replay {file}: {e}", highlight=False)
         return 2
+    if div is None and used:
+        # not an agreement: a user checking whether the allow-list hides a finding must see
+        # which entry let the difference pass
+        console.print(f"{pair[0]} and {pair[1]} differ only as the allow-list allows: not "
+                      "reproduced; allowed by", highlight=False)
+        for e in {id(e): e for e in used}.values():
+            console.print(f"  {e['cmd']} {e['kind']}" + (f" {e['match']!r}" if "match" in e
+                                                          else "")
+                          + f": {e.get('reason', '')}", markup=False, highlight=False,
+                          soft_wrap=True)
+        return 0
     if div is None:
         console.print(f"{pair[0]} and {pair[1]} agree: not reproduced", highlight=False)
         return 0

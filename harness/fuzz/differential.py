@@ -607,18 +607,21 @@ def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, lab
 
 
 def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = None,
-                        deadline: float = 5.0, allow: Path | None = None) -> Divergence | None:
-    """Run a saved case once against fresh A and B; the divergence it shows, or None."""
+                        deadline: float = 5.0, allow: Path | None = None,
+                        used: list[dict] | None = None) -> Divergence | None:
+    """Run a saved case once against fresh A and B; the divergence it shows, or None.
+    ``used`` collects the allow-list entries that let a difference pass (None with none
+    used: the two agreed)."""
     case, _, _ = load(path)
     return run_pair(case, a, b, dialect=dialect, deadline=deadline,
-                    allow=load_allow(allow))[0]
+                    allow=load_allow(allow), used=used)[0]
 
 
 def run_pair(case: Case, a: str, b: str, *, dialect: str | None = None, deadline: float = 5.0,
-             allow: list[dict] | None = None
+             allow: list[dict] | None = None, used: list[dict] | None = None
              ) -> tuple[Divergence | None, list[tuple[Finding | None, Outcome]]]:
     """Run ``case`` once against fresh A and B: the divergence (``allow``: the default
-    allow-list when None) and both sides' runs."""
+    allow-list when None) and both sides' runs; ``used`` as in :func:`compare`."""
     cfg = DifferentialConfig(a=a, b=b, dialect=dialect or case.dialect, deadline=deadline)
     with tempfile.TemporaryDirectory(prefix="harness-diff-") as tmp:
         pair = _Pair(cfg, Path(tmp))
@@ -626,7 +629,7 @@ def run_pair(case: Case, a: str, b: str, *, dialect: str | None = None, deadline
             pair.start()
             runs = pair.run(case)
             return compare(case, runs, pair.labels,
-                           load_allow(None) if allow is None else allow), runs
+                           load_allow(None) if allow is None else allow, used), runs
         finally:
             pair.stop()
 
