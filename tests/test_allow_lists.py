@@ -194,6 +194,11 @@ def _close_case(what: str, stale: str | None = None, case: str | None = None):
                    desc=desc) if what == "field:graph_class" else \
         step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT", desc=desc)
     steps = [mutated]
+    if stale == "cross-base":  # a second buffer, then a tensor of it at buffer 0's base + 8 KiB
+        cross = _tensor(8192, 4).with_(buffer=sentinel(HANDLE, 1))
+        return _session(step(pack_request(D7, m.AllocBufferRequest(0, 4096)), "ALLOC_BUFFER",
+                             learn=(HANDLE, 1)),
+                        step(pack_request(D7, m.GetTensorRequest(cross, 0, 16)), "GET_TENSOR"))
     if stale == "near-handle":  # BUFFER_CLEAR of buffer 0's handle + 0x80
         return _session(step(pack_request(D7, m.BufferClearRequest(sentinel(HANDLE, 0) + 0x80,
                                                                    0)), "BUFFER_CLEAR"))
@@ -233,11 +238,15 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
             assert not _allows(entry, _runs(c, *answers[::-1], statuses=(CLOSED, OK),
                                             proven=(3, 4)), c)
         elif entry["kind"] == "close":
-            stale = next((t for t in ("stale-base", "stale-handle", "near-handle")
+            stale = next((t for t in ("stale-base", "stale-handle", "near-handle", "cross-base")
                           if t in entry["match"]), None)
             c = _close_case("framing:len_huge", stale)
             if stale is None:  # both answered as much: same-step
                 runs = _runs(c, [HELLO], [HELLO], statuses=(OK, CLOSED))
+            elif stale == "cross-base":  # the real side read where its next buffer lay
+                runs = _runs(c, [HELLO, bytes(16), bytes(8), bytes(16), bytes(16)],
+                             [HELLO, bytes(16), bytes(8), bytes(16)],
+                             statuses=(OK, CLOSED), proven=(5, 4))
             elif stale == "near-handle":  # the real side cleared what it took for a buffer
                 runs = _runs(c, [HELLO, bytes(16), bytes(8), b""], [HELLO, bytes(16), bytes(8)],
                              statuses=(OK, CLOSED), proven=(4, 3))

@@ -348,3 +348,51 @@ def test_the_p7f_direct_receive_assert_is_allowed_for_p7f_only():
                         f"ref-7.0.0+flags broke: survived / {assertion}")
     assert not _allowed(load_allow(ALLOW["7.0.0"], defaults=False), "death", "SET_TENSOR",
                         f"p7f broke: {assertion} / survived")
+
+
+# ---------------------------------------------------------------- cross-buffer pointers
+
+def _cross_session(d, at: int, named=H1):
+    """Buffers of 1 KiB and 64 KiB, then an INIT_TENSOR naming ``named`` with data at buffer
+    0's base + ``at``, then a GET_ALIGNMENT that shows whether the server went on."""
+    t = _f32(d, 1, at, handle=named)
+    return annotate(d, tuple(_start(d, 1024, 65536) + [
+        step(pack_request(d, m.InitTensorRequest(t)), "INIT_TENSOR"),
+        step(pack_request(d, m.GetAlignmentRequest(0)), "GET_ALIGNMENT")]))
+
+
+def _ran(status: str, proven: int, bases: tuple[int, ...]) -> Outcome:
+    return Outcome(status, proven=proven, live={HANDLE: [1, 2], BASE: list(bases)})
+
+
+def test_cross_base_names_a_pointer_past_another_buffer_and_only_that():
+    from harness.fuzz.differential import _close_causes
+    d = get_dialect("8.0.0")
+    p8_like = _ran(OK, 7, (0x1000, 0x1000 + 0x480))  # buffer 1 right after buffer 0
+    spaced = _ran(CLOSED, 5, (0x7a0000000000, 0x7a0000101000))  # the reference's layout
+    cross = _cross_session(d, 2048)
+    assert "cross-base" in _close_causes(cross, 5, 5)  # no bases learned: as symbols
+    assert "cross-base" in _close_causes(cross, 5, 5, (p8_like, spaced))  # the layout decided
+    # both learned, the pointer outside buffer 1 on both sides: a server that accepted it
+    # accepted a bad pointer, which the layout does not excuse
+    far = _ran(OK, 7, (0x1000, 0x9000_0000))
+    assert "cross-base" not in _close_causes(cross, 5, 5, (far, spaced))
+    assert "cross-base" not in _close_causes(_cross_session(d, 100), 5, 5)  # inside buffer 0
+    # past its own buffer's end: out of bounds wherever the buffers lie
+    assert "cross-base" not in _close_causes(_cross_session(d, 2048, named=H0), 5, 5)
+
+
+@pytest.mark.realpeer
+@DIALECTS
+def test_a_pointer_past_one_buffer_into_the_next_is_the_allocators_and_allowed(proto):
+    """Found by a 10-minute `--differential p8 ref-8.0.0 --no-allow` (evolved sessions): a
+    tensor naming the 64 KiB buffer with data at the 1 KiB buffer's base + 65519 is inside
+    the named buffer on p8 and p7 (where malloc put it right after) and not on the
+    reference. The shipped list allows that close and nothing else about the session."""
+    case = _cross_session(get_dialect(proto), 65519)
+    div, _ = run_pair(case, REAL[proto], f"ref-{proto}", allow=NO_ALLOW)
+    assert div is not None and "ok" in div.signature.line, div
+    used: list[dict] = []
+    div, _ = run_pair(case, REAL[proto], f"ref-{proto}", allow=load_allow(ALLOW[proto]),
+                      used=used)
+    assert div is None and any("cross-base" in e.get("match", "") for e in used), used

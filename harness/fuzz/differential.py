@@ -45,6 +45,10 @@ import yaml
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 
+from ..proto import Cmd, get_dialect
+from ..proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
+from ..proto.errors import ProtocolError
+from ..proto.tensor import TENSOR_FIELD_OFFSETS
 from ..proto.wire import U64, iter_response_payloads
 from .errors import FuzzError
 from ..capture.pcap import write_pcap
@@ -194,7 +198,47 @@ def _masked(cmd: str, payload: bytes, allow: list[dict],
 NEAR_HANDLE = 1 << 12
 
 
-def _close_causes(case: Case, lo: int, hi: int) -> str:
+# In a tensor record, the data pointer lies this many bytes after the buffer field.
+_DATA_AFTER_BUFFER = TENSOR_FIELD_OFFSETS["data"] - TENSOR_FIELD_OFFSETS["buffer"]
+
+
+def _alloc_size(dialect: str, frame: bytes) -> int | None:
+    try:
+        return unpack_request_payload(get_dialect(dialect), Cmd.ALLOC_BUFFER,
+                                      frame[REQUEST_HEADER_SIZE:]).size
+    except (ProtocolError, KeyError, ValueError):
+        return None  # a malformed ALLOC_BUFFER: its size says nothing
+
+
+def _cross_base(s: Step, sizes: dict[int, int | None], runs: tuple[Outcome, ...]) -> bool:
+    """Does a tensor of step ``s`` name buffer j while its data pointer is given relative to
+    another buffer i's base, past buffer i's bounds? Whether it then lies inside buffer j is
+    where the allocator put the two buffers (p8 puts a 64 KiB buffer 0x480 bytes after a
+    1 KiB one, p7 0x7440 after it, the reference 1 MiB apart), not the protocol. Where both
+    sides learned both bases, only a pointer inside j on one side and not the other counts."""
+    named = {r.offset: r.index for r in s.relocs if r.kind == HANDLE and r.addend == 0}
+    for r in s.relocs:
+        j = named.get(r.offset - _DATA_AFTER_BUFFER)
+        size_i = sizes.get(r.index)
+        if r.kind != BASE or j is None or j == r.index or size_i is None \
+                or 0 <= r.addend <= size_i:
+            continue
+        size_j = sizes.get(j)
+        inside = []
+        for o in runs:
+            bases = o.live.get(BASE, [])
+            if size_j is None or max(r.index, j) >= len(bases) or not (
+                    bases[r.index] and bases[j]):
+                break  # a base this side never learned: the layout is unknown
+            inside.append(bases[j] <= bases[r.index] + r.addend < bases[j] + size_j)
+        else:
+            if len(set(inside)) == 1:
+                continue  # the same on both sides: the layout did not decide it
+        return True
+    return False
+
+
+def _close_causes(case: Case, lo: int, hi: int, runs: tuple[Outcome, ...] = ()) -> str:
     """What a close point may be blamed on, for allow-list matching: ``kind:what`` of every
     mutated step from the last step both sides answered to the first one neither did
     (``framing:len_large field:ne_extreme``, and ``kind:what:case`` for a sweep case:
@@ -203,7 +247,9 @@ def _close_causes(case: Case, lo: int, hi: int) -> str:
     to the next step with an answer) names a buffer freed before it, and not allocated again
     since, by a data pointer / by its handle, and ``near-handle`` when such a step names a
     handle plus a few bytes (another live buffer's handle on the real server, when malloc
-    placed the two handle structs that far apart). What malloc does with freed memory is the
+    placed the two handle structs that far apart), and ``cross-base`` when such a step has a
+    tensor naming one buffer with data given past another buffer's bounds
+    (:func:`_cross_base`). What malloc does with freed memory is the
     allocator's choice: the real server sometimes places a later buffer over the freed
     range, and gives the freed handle struct to the next ALLOC_BUFFER only when no request
     in between took that chunk (the same steps after other sessions on the same process go
@@ -212,6 +258,7 @@ def _close_causes(case: Case, lo: int, hi: int) -> str:
     tags = set()
     stop = next((k for k in range(lo, len(case.steps)) if case.steps[k].expect), hi)
     freed: set[int] = set()  # buffer indices whose last event so far is a FREE_BUFFER
+    sizes: dict[int, int | None] = {}  # buffer index -> the size its ALLOC_BUFFER asked for
     for at, s in enumerate(case.steps[:min(max(hi, stop) + 1, len(case.steps))]):
         if lo <= at <= hi and s.desc:
             tags.add(f"{s.desc.get('kind')}:{s.desc.get('what')}")
@@ -225,10 +272,14 @@ def _close_causes(case: Case, lo: int, hi: int) -> str:
                 tags.add("stale-handle")
             if any(r.kind == HANDLE and 0 < abs(r.addend) < NEAR_HANDLE for r in s.relocs):
                 tags.add("near-handle")
+            if _cross_base(s, sizes, runs):
+                tags.add("cross-base")
         if s.cmd == "FREE_BUFFER":
             freed |= {r.index for r in s.relocs if r.kind == HANDLE and r.addend == 0}
         elif s.learn is not None and s.learn[0] == HANDLE:
             freed.discard(s.learn[1])
+            sizes[s.learn[1]] = _alloc_size(case.dialect, s.frame) \
+                if s.cmd == "ALLOC_BUFFER" else None
     return " ".join(sorted(tags)) or "valid"
 
 
@@ -297,7 +348,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
         if not allowed_by(_allowing(allow, "close", cmd,
-                                    f"{line} <- {_close_causes(case, lo, hi)} "
+                                    f"{line} <- {_close_causes(case, lo, hi, (oa, ob))} "
                                     + _further(oa.proven, ob.proven))):
             return Divergence(
                 Signature("divergence", "", line, cmd),
