@@ -14,7 +14,7 @@ from harness.fuzz.campaign import CampaignConfig, run_campaign
 from harness.fuzz.replay import replay
 from harness.fuzz.signature import death_line
 from harness.strictness import TOOL_MISSING
-from needs import skip
+from needs import peer, skip
 
 from test_realclient_support import realpeer, require_peer_dir
 
@@ -227,6 +227,62 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     assert nullptr.signature.line.startswith("SIGSEGV null page in ")
     assert overflow.signature != nullptr.signature
 
+
+
+def _late_death_then_no_hello(tmp_path):
+    """p7+asan+ubsan given a 5 GiB SET_TENSOR length prefix (the client gone once it is
+    sent), then a case without HELLO: who gets the death?"""
+    import struct
+    from harness import strategies as rst
+    from harness.fuzz.case import Case, annotate, step
+    from harness.fuzz.case_runner import CaseRunner
+    from harness.fuzz.oracles import OracleLimits, Oracles
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
+    from harness.proto import get_dialect, pack_request
+    from harness.proto import messages as m
+    peer("p7+asan+ubsan")
+    d = get_dialect("7.0.0")
+    huge = bytearray(pack_request(d, m.GetAlignmentRequest(0)))
+    huge[0] = d.id_of(m.Cmd.SET_TENSOR)
+    struct.pack_into("<Q", huge, 1, 5 << 30)
+    late = Case(d.name, (step(rst.hello_request_frame(d), "HELLO"),
+                         step(bytes(huge), "SET_TENSOR", desc={"kind": "framing",
+                                                               "what": "len_huge"})),
+                open_ended=True)
+    no_hello = annotate(d, (step(pack_request(d, m.AllocBufferRequest(0, 64)), "ALLOC_BUFFER",
+                                 desc={"kind": "framing", "what": "hello_missing"}),
+                            step(pack_request(d, m.GetAlignmentRequest(0)), "GET_ALIGNMENT")))
+    target = Target(TargetSpec.parse("p7+asan+ubsan", "7.0.0"), tmp_path / "t")
+    target.start()
+    try:
+        runner = CaseRunner(target, oracles=Oracles(target, OracleLimits.from_json({})))
+        verdicts = runner.run_fast(late)[0] + runner.run_fast(no_hello)[0]
+    finally:
+        target.stop()
+    return late, no_hello, verdicts
+
+
+@pytest.mark.slow
+def test_a_death_after_the_client_left_is_the_case_that_caused_it(tmp_path):
+    """ASan reports the failed 5 GiB allocation after the harness has closed that connection;
+    a following case with no HELLO cannot prove the server alive, so the one before is
+    settled first (the p4+asan campaigns' 'out of memory in recv_msg' findings were pinned
+    on a truncated HELLO and a HELLO-less ALLOC_BUFFER that never reproduced alone)."""
+    late, no_hello, verdicts = _late_death_then_no_hello(tmp_path)
+    (v,) = verdicts
+    assert "out of memory in recv_msg" in v.signature.line, v.signature
+    assert v.case is late, v.case
+
+
+@pytest.mark.slow
+def test_planted_a_no_hello_case_not_settling_its_predecessor_takes_the_blame(tmp_path,
+                                                                              monkeypatch):
+    from harness.fuzz.case_runner import CaseRunner
+    monkeypatch.setattr(CaseRunner, "_settle_before_unproven",  # the old rule: only a
+                        lambda self: self._settle_pending() if self.pending else [])  # CLOSED one
+    late, no_hello, verdicts = _late_death_then_no_hello(tmp_path)
+    assert [v.case for v in verdicts] == [no_hello], verdicts
 
 @realpeer
 def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
