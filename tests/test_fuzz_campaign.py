@@ -279,10 +279,12 @@ def test_a_death_after_the_client_left_is_the_case_that_caused_it(tmp_path):
 def test_planted_a_no_hello_case_not_settling_its_predecessor_takes_the_blame(tmp_path,
                                                                               monkeypatch):
     from harness.fuzz.case_runner import CaseRunner
-    monkeypatch.setattr(CaseRunner, "_settle_before_unproven",  # the old rule: only a
-                        lambda self: self._settle_pending() if self.pending else [])  # CLOSED one
+    # the old rule: a case that ended with every answer was never settled afterwards
+    monkeypatch.setattr(CaseRunner, "_settle_before_unproven", lambda self: [])
     late, no_hello, verdicts = _late_death_then_no_hello(tmp_path)
-    assert [v.case for v in verdicts] == [no_hello], verdicts
+    # the death is pinned on the HELLO-less case, or lost when the server was found dead
+    # and restarted before that case (which of the two is timing)
+    assert not any(v.case is late for v in verdicts), verdicts
 
 @realpeer
 def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):

@@ -198,9 +198,12 @@ class CaseRunner:
         """Run ``case`` as part of a stream of cases; returns the verdicts it settled (about
         this case, or about the previous one that this case proved guilty)."""
         verdicts: list[Finding] = []
-        self.ensure_running()
-        if not starts_with_hello(case):
+        if not starts_with_hello(case) or (self.target.server is not None
+                                           and self.target.exit_info() is not None):
+            # before ensure_running, which would restart a server that died after the
+            # previous case without a word about that case
             verdicts += self._settle_before_unproven()
+        self.ensure_running()
         before = self.oracles.before(case) if self.oracles is not None else None
         self.target.reset_peak_rss()
         out = self.executor.run(case, before_close=self._sample(case))
@@ -235,10 +238,11 @@ class CaseRunner:
         return verdicts, out
 
     def _settle_before_unproven(self) -> list[Finding]:
-        """The next case cannot prove the server alive (no answered HELLO first), so the one
-        before it is settled now, even one that ended with every answer: a server may die
-        after the client has gone (p7+asan reads a 5 GiB length prefix, then ASan reports
-        the failed allocation while the next connection is being sent)."""
+        """The next case cannot prove the server alive (no answered HELLO first), or the
+        server is already dead, so the one before it is settled now, even one that ended with
+        every answer: a server may die after the client has gone (p7+asan reads a 5 GiB
+        length prefix, then ASan reports the failed allocation while the next connection is
+        being sent, or before it starts)."""
         if (self.pending or self.previous) is None:
             return []
         self.pending = self.pending or self.previous
