@@ -329,7 +329,7 @@ def test_an_allow_list_entry_that_repeats_an_included_one_is_refused(tmp_path):
     shutil.copy(ALLOW["7.0.0"], tmp_path / "base.yaml")
     entry = next(e for e in load_allow(ALLOW["7.0.0"], defaults=False) if e.get("match"))
     (tmp_path / "top.yaml").write_text(
-        "- include: base.yaml\n" + yaml.safe_dump([{k: v for k, v in entry.items()}]))
+        "- include: base.yaml\n" + yaml.safe_dump([entry]))
     with pytest.raises(DifferentialError, match="repeats one in .*base.yaml"):
         load_allow(tmp_path / "top.yaml")
     (tmp_path / "top.yaml").write_text(

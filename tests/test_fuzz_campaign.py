@@ -228,7 +228,6 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     assert overflow.signature != nullptr.signature
 
 
-
 def _late_death_then_no_hello(tmp_path):
     """p7+asan+ubsan given a 5 GiB SET_TENSOR length prefix (the client gone once it is
     sent), then a case without HELLO: who gets the death?"""
@@ -285,6 +284,7 @@ def test_planted_a_no_hello_case_not_settling_its_predecessor_takes_the_blame(tm
     # the death is pinned on the HELLO-less case, or lost when the server was found dead
     # and restarted before that case (which of the two is timing)
     assert not any(v.case is late for v in verdicts), verdicts
+
 
 @realpeer
 def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):

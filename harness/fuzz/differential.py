@@ -224,16 +224,11 @@ def _cross_base(s: Step, sizes: dict[int, int | None], runs: tuple[Outcome, ...]
                 or 0 <= r.addend <= size_i:
             continue
         size_j = sizes.get(j)
-        inside = []
-        for o in runs:
-            bases = o.live.get(BASE, [])
-            if size_j is None or max(r.index, j) >= len(bases) or not (
-                    bases[r.index] and bases[j]):
-                break  # a base this side never learned: the layout is unknown
-            inside.append(bases[j] <= bases[r.index] + r.addend < bases[j] + size_j)
-        else:
-            if len(set(inside)) == 1:
-                continue  # the same on both sides: the layout did not decide it
+        learned = [o.live.get(BASE, []) for o in runs]
+        if runs and size_j is not None and all(
+                max(r.index, j) < len(b) and b[r.index] and b[j] for b in learned) and len(
+                {b[j] <= b[r.index] + r.addend < b[j] + size_j for b in learned}) == 1:
+            continue  # inside buffer j on both sides or on neither: the layout did not decide
         return True
     return False
 
