@@ -158,8 +158,8 @@ def test_a_passing_cells_transcript_with_hashed_payloads_decodes(tmp_path, monke
     import gzip
 
     from harness.capture import decode as decode_mod
-    from harness.capture.transcript import MAGIC, MAGIC_HASHED
     from harness.capture.proxy import compact
+    from harness.capture.transcript import MAGIC, MAGIC_HASHED
 
     d = get_dialect("7.0.0")
     st = pack_request(d, SetTensorRequest(tensor=RpcTensor.make(id=1, ne=(4096,), name="w"),

@@ -263,7 +263,7 @@ def test_a_cell_page_of_file_names_only_is_caught(history_site, tmp_path, monkey
                        if p.is_file() and not p.name.endswith(".html"))
     monkeypatch.setattr(cells, "cell_evidence", names_only)
     runs = history_site["runs"]
-    site, broken = build_site(runs, tmp_path / "planted")
+    _, broken = build_site(runs, tmp_path / "planted")
     assert broken == []
     cell_id = _cell_id(runs[2], "new-client/old-server")
     page = (tmp_path / "planted" / "cells" / f"{pages.slug(cell_id)}.html").read_text()
@@ -311,8 +311,9 @@ MODEL_LOAD = {
 def test_a_model_load_cell_page_shows_its_load_table_plot_and_exchange(tmp_path):
     """One real model-load cell (llama-simple of p7 loading the generated model from p7's
     server, about 10 s): its page has the load table, load.png inline and the exchange."""
-    from harness.report.load_table import HEADERS
     from test_realclient_support import require_peer_dir
+
+    from harness.report.load_table import HEADERS
 
     require_peer_dir(llama_simple=True)
     reports = tmp_path / "reports"

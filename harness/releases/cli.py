@@ -48,9 +48,9 @@ def build_table(builds: list[Build], title: str) -> Table:
                                                      "changed")}
     t = Table(Column("build", no_wrap=True), fold["llama.cpp"], fold["uploaded"],
               Column("proto", no_wrap=True), fold["class"], Column("built", no_wrap=True),
-              fold["commit"], fold["changed"], title=title, caption="proto* read from ggml-rpc.h, not yet verified on the wire;"
-                                   " changed: RPC files that differ from the previous class",
-              caption_justify="left")
+              fold["commit"], fold["changed"], title=title,
+              caption="proto* read from ggml-rpc.h, not yet verified on the wire; changed: RPC "
+                      "files that differ from the previous class", caption_justify="left")
     previous = None
     for b in builds:
         changed = changed_parts(previous, b)
@@ -63,8 +63,8 @@ def build_table(builds: list[Build], title: str) -> Table:
 
 
 def summary_table(per_package: dict[str, list[Build]]) -> Table:
-    t = Table(Column("package", no_wrap=True), "builds", "versions (newest uploaded)", "built", "read", "classes",
-              "protos seen")
+    t = Table(Column("package", no_wrap=True), "builds", "versions (newest uploaded)", "built",
+              "read", "classes", "protos seen")
     for package, builds in per_package.items():
         listed = [b for b in builds if b.file is not None]
         protos = sorted({b.proto for b in builds if b.proto}, key=lambda v: tuple(

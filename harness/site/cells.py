@@ -1,10 +1,10 @@
 """A cell's page, and the decoded pages of the transcripts in the site.
 
-A cell page shows its verdict over runs, then the evidence itself, not a list of file names: the verdict's facts first
-(expected and observed, who rejected whom with the message, the checks and what each rests
-on), then for a cell that uploaded much the load table and the bytes-over-time plot, then
-the decoded exchange (``transcript.txt``, what ``harness decode wire.pcap`` prints), and the
-raw files after. Every ``.rpct`` transcript in the site gets a page of its own beside it
+A cell page shows its verdict over runs, then the evidence itself, not a list of file
+names: the verdict's facts first (expected and observed, who rejected whom with the message,
+the checks and what each rests on), then for a cell that uploaded much the load table and
+the bytes-over-time plot, then the decoded exchange (``transcript.txt``, what ``harness
+decode wire.pcap`` prints), and the raw files after. Every ``.rpct`` transcript in the site gets a page of its own beside it
 (``conn0.rpct.html``) with ``harness decode``'s listing, where a browser would show bytes.
 """
 
@@ -116,7 +116,8 @@ def _load(row: dict | None, root: Path, depth: int, run_folder: str, cell_folder
         parts += load_table(pd.DataFrame([row]))
     plot = root / "load.png"
     if plot.is_file():
-        parts.append(f"<p><img class='load' src='{_href(depth, run_folder, cell_folder, 'load.png')}'"
+        src = _href(depth, run_folder, cell_folder, "load.png")
+        parts.append(f"<p><img class='load' src='{src}'"
                      " alt='bytes the client sent over time, per connection (load.png)'></p>")
     return f"<h4>Load</h4>{''.join(parts)}" if parts else ""
 
@@ -135,11 +136,11 @@ def _exchange(root: Path, depth: int, run_folder: str, cell_folder: str) -> str:
                      f"<pre class='exchange'>{esc(chr(10).join(head))}</pre>{more}")
     decoded = sorted(p for p in root.rglob("*.rpct") if p.is_file())
     if decoded:
+        rels = [p.relative_to(root) for p in decoded[:MAX_LISTED_FILES]]
         links = "".join(
-            f"<li><a href='{_href(depth, run_folder, cell_folder, *rel.parts[:-1], rel.name + DECODED)}'>"
-            f"{esc(rel.as_posix())}</a> decoded (<a href='"
-            f"{_href(depth, run_folder, cell_folder, *rel.parts)}'>raw</a>)</li>"
-            for rel in (p.relative_to(root) for p in decoded[:MAX_LISTED_FILES]))
+            f"<li><a href='{_href(depth, run_folder, cell_folder, *r.parts[:-1], r.name + DECODED)}"
+            f"'>{esc(r.as_posix())}</a> decoded (<a href='"
+            f"{_href(depth, run_folder, cell_folder, *r.parts)}'>raw</a>)</li>" for r in rels)
         parts.append(f"<p>Each connection on its own:</p><ul>{links}</ul>")
     return f"<h4>The exchange</h4>{''.join(parts)}" if parts else ""
 
