@@ -4,8 +4,9 @@ A cell page shows its verdict over runs, then the evidence itself, not a list of
 names: the verdict's facts first (expected and observed, who rejected whom with the message,
 the checks and what each rests on), then for a cell that uploaded much the load table and
 the bytes-over-time plot, then the decoded exchange (``transcript.txt``, what ``harness
-decode wire.pcap`` prints), and the raw files after. Every ``.rpct`` transcript in the site gets a page of its own beside it
-(``conn0.rpct.html``) with ``harness decode``'s listing, where a browser would show bytes.
+decode wire.pcap`` prints), and the raw files after. Every ``.rpct`` transcript in the site
+gets a page of its own beside it (``conn0.rpct.html``) with ``harness decode``'s listing,
+where a browser would show bytes.
 """
 
 from __future__ import annotations

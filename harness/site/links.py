@@ -68,7 +68,6 @@ def broken_links(site: Path, skip: Iterable[str] = ()) -> list[str]:
     return problems
 
 
-
 def check(site: Path = typer.Argument(..., help="A folder of built HTML pages."),
           skip: list[str] = typer.Option([], "--skip", help="A page (relative to SITE) whose own "
                                          "links are not checked, e.g. 404.html, whose links "
