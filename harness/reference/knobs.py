@@ -30,6 +30,19 @@ class Misbehaviour:
     # a planted boundary bug (proves the sweep, harness/fuzz/sweep.py): deserialize_tensor
     # accepts a tensor whose data ends up to this many bytes past its buffer's end
     tensor_bounds_slack: int = 0
+    # Planted interaction bugs (prove the combinatorial and stateful phases,
+    # harness/fuzz/interactions.py and stateful.py): each skips a bounds check only where
+    # two or three classes meet, or after an earlier request, so no single-field edge shows
+    # it; the access then happens (clamped to the reference's own memory) and is answered.
+    # SET/GET/MEMSET_TENSOR: no region check when the tensor is F16 and the offset non-zero
+    skip_region_f16_offset: bool = False
+    # GET_TENSOR: no region check when the size is the tensor's nbytes - 1
+    skip_region_size_nbytes_minus_1: bool = False
+    # GRAPH_COMPUTE: no bounds check of a view whose view_src lies in a buffer allocated
+    # after the view's own (moving the view itself to another buffer does not meet it)
+    skip_view_bounds_cross_buffer: bool = False
+    # after a FREE_BUFFER of one buffer, tensors of the connection's others go unchecked
+    skip_bounds_after_free: bool = False
 
     # --- client side (what a server under test faces)
     skip_hello: bool = False

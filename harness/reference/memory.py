@@ -49,6 +49,22 @@ class Buffer:
         off = addr - self.base
         return memoryview(self.mem)[off:off + n]
 
+    def read_clamped(self, addr: int, n: int) -> bytes:
+        """``n`` bytes at ``addr``, zeros where they fall outside the buffer (what a planted
+        bug reads: the reference has no memory beyond its buffers)."""
+        out = bytearray(n)
+        lo, hi = max(addr, self.base), min(addr + n, self.base + self.size)
+        if lo < hi:
+            out[lo - addr:hi - addr] = self.mem[lo - self.base:hi - self.base].tobytes()
+        return bytes(out)
+
+    def write_clamped(self, addr: int, data) -> None:
+        """``data`` at ``addr``; bytes outside the buffer are dropped (a planted bug's write)."""
+        lo, hi = max(addr, self.base), min(addr + len(data), self.base + self.size)
+        if lo < hi:
+            self.mem[lo - self.base:hi - self.base] = np.frombuffer(
+                bytes(data[lo - addr:hi - addr]), dtype=np.uint8)
+
 
 class MemoryPool:
     """Hands out buffers under a byte budget shared by every connection of the server."""

@@ -17,6 +17,7 @@ from typing import Callable
 from ..proto import messages as m
 from ..proto.constants import SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import Dialect
+from ..proto.ggml import TYPE_F16
 from ..proto.tensor import U64, RpcTensor, nbytes
 from .cache import CacheWriter, HashCache
 from .comm import LinkError, PeerLink, is_loopback
@@ -85,13 +86,18 @@ class ServerState:
 
 @dataclass
 class SetTensorSink:
-    """Where an accepted SET_TENSOR payload goes: straight into the buffer's memory."""
+    """Where an accepted SET_TENSOR payload goes: straight into the buffer's memory (or, for a
+    region a planted knob let through unchecked, a scratch copy written back clamped)."""
 
     dest: memoryview
     cache_writer: CacheWriter | None = None
+    clamped: tuple[Buffer, int] | None = None  # (buffer, address) of an unchecked region
 
     def finish(self) -> str | None:
         """Payload complete: file it in the cache if asked. Returns the cache entry name."""
+        if self.clamped is not None:
+            buf, addr = self.clamped
+            buf.write_clamped(addr, self.dest)
         if self.cache_writer is None:
             return None
         self.cache_writer.update(self.dest)
@@ -116,6 +122,7 @@ class ServerSession:
         self.hoard: list[bytes] = []  # knob amplify_set_tensor: freed with the connection
         self.local_conn_caps: bytes | None = None  # set by the server loop from its transport
         self.comms: dict[int, PeerLink] = {}  # device -> link; the real build drops it at close
+        self.freed: set[int] = set()  # handles freed on this connection (knob skip_bounds_after_free)
 
     def close(self) -> None:
         """Disconnect: every buffer and communicator of this connection is freed (spec 8)."""
@@ -140,8 +147,14 @@ class ServerSession:
             raise Close(f"[{cmd.value.lower()}] buffer not found: 0x{handle:x}", cmd.value)
         return buf
 
-    def deserialize(self, rec: RpcTensor, cmd: Cmd) -> ServerTensor:
-        """deserialize_tensor (spec 3.2)."""
+    def _unchecked_after_free(self, rec: RpcTensor) -> bool:
+        """Knob skip_bounds_after_free: a tensor of a buffer other than one freed earlier."""
+        return bool(self.state.config.knobs.skip_bounds_after_free and self.freed
+                    and rec.buffer not in self.freed)
+
+    def deserialize(self, rec: RpcTensor, cmd: Cmd, *, unchecked: bool = False
+                    ) -> ServerTensor:
+        """deserialize_tensor (spec 3.2). ``unchecked``: a planted knob skips the bounds check."""
         where = f"[{cmd.value.lower()}]"
         traits = self.dialect.numbering.type_traits(rec.type)
         if traits is None:
@@ -153,7 +166,8 @@ class ServerSession:
         if count > INT64_MAX:
             raise Close(f"{where} element count {count} overflows int64", cmd.value)
         buf = self.buffers.get(rec.buffer) if rec.buffer else None
-        if buf is not None and count:
+        unchecked = unchecked or self._unchecked_after_free(rec)
+        if buf is not None and count and not unchecked:
             size = nbytes(rec)
             slack = self.state.config.knobs.tensor_bounds_slack
             if rec.data + size > U64 or not buf.contains(rec.data, max(size - slack, 0)):
@@ -162,19 +176,28 @@ class ServerSession:
                             f"[0x{buf.base:x}, +{buf.size})", cmd.value)
         return ServerTensor(rec, buf, self.dialect.numbering)
 
+    def _allocated_after(self, handle: int, other: int) -> bool:
+        """Is ``handle`` a live buffer of this connection allocated after ``other`` (also
+        live)? (Knob skip_view_bounds_cross_buffer.)"""
+        order = list(self.buffers)  # insertion order: the order ALLOC_BUFFER made them
+        return handle in self.buffers and other in self.buffers and \
+            order.index(handle) > order.index(other)
+
     def _live_tensor(self, rec: RpcTensor, cmd: Cmd) -> ServerTensor:
         t = self.deserialize(rec, cmd)
         if t.buffer is None:
             raise Close(f"[{cmd.value.lower()}] error deserializing tensor", cmd.value)
         return t
 
-    @staticmethod
-    def _region(t: ServerTensor, offset: int, n: int, cmd: Cmd) -> int:
+    def _region(self, t: ServerTensor, offset: int, n: int, cmd: Cmd) -> tuple[int, bool]:
         """The buffer region check of SET_TENSOR / SET_TENSOR_HASH / GET_TENSOR (spec 3.4),
-        in the C code's wrapping u64 arithmetic. Returns the absolute start address."""
+        in the C code's wrapping u64 arithmetic. Returns the absolute start address, and
+        whether a planted knob let the region through unchecked (access it clamped)."""
         buf = t.buffer
         p0, p1 = buf.base, buf.base + buf.size
         start = (t.rec.data + offset) & U64
+        if self._region_unchecked(t, offset, n, cmd):
+            return start, True
         if start < p0 or start >= p1 or n > ((p1 - start) & U64):
             raise Close(f"[{cmd.value.lower()}] tensor data region (data=0x{t.rec.data:x}, "
                         f"offset={offset}, size={n}) out of buffer bounds "
@@ -185,17 +208,30 @@ class ServerSession:
         if n and (offset + n) & U64 > nbytes(t.rec):
             raise Close(f"[{cmd.value.lower()}] region offset={offset} size={n} beyond tensor "
                         f"nbytes {nbytes(t.rec)}", cmd.value)
-        return start
+        return start, False
+
+    def _region_unchecked(self, t: ServerTensor, offset: int, n: int, cmd: Cmd) -> bool:
+        """Do the planted interaction knobs skip this region's checks? Bounded by the
+        payload limit: an unchecked region is copied, not viewed."""
+        k = self.state.config.knobs
+        if n > self.state.config.max_payload:
+            return False
+        return bool((k.skip_region_f16_offset and t.rec.type == TYPE_F16 and offset)
+                    or (k.skip_region_size_nbytes_minus_1 and cmd is Cmd.GET_TENSOR
+                        and n == nbytes(t.rec) - 1)
+                    or self._unchecked_after_free(t.rec))
 
     # ------------------------------------------------------------ SET_TENSOR streaming
     def begin_set_tensor(self, msg: m.SetTensorRequest, size: int) -> SetTensorSink:
         """Validate a SET_TENSOR header; the ``size`` payload bytes then go to the sink."""
         t = self._live_tensor(msg.tensor, Cmd.SET_TENSOR)
-        start = self._region(t, msg.offset, size, Cmd.SET_TENSOR)
+        start, unchecked = self._region(t, msg.offset, size, Cmd.SET_TENSOR)
         writer = None
         knobs = self.state.config.knobs
         if self.state.cache is not None and (msg.cache_flag or knobs.cache_every_upload):
             writer = self.state.cache.writer()
+        if unchecked:
+            return SetTensorSink(memoryview(bytearray(size)), writer, (t.buffer, start))
         return SetTensorSink(t.buffer.view(start, size), writer)
 
     def end_set_tensor(self, sink: SetTensorSink) -> None:
@@ -253,6 +289,7 @@ class ServerSession:
 
     def _free_buffer(self, msg):
         buf = self._buffer(msg.remote_ptr, Cmd.FREE_BUFFER)
+        self.freed.add(buf.handle)
         self.graphs.clear()  # stored graphs may point into the freed buffer
         del self.buffers[buf.handle]
         self.state.pool.release(buf)
@@ -277,14 +314,21 @@ class ServerSession:
         if size is None:
             return m.SetTensorHashResponse(0)  # a lookup-first server validates nothing here
         t = t or self._live_tensor(msg.tensor, Cmd.SET_TENSOR_HASH)
-        start = self._region(t, msg.offset, size, Cmd.SET_TENSOR_HASH)
-        cache.read_into(msg.hash, t.buffer.view(start, size))
+        start, unchecked = self._region(t, msg.offset, size, Cmd.SET_TENSOR_HASH)
+        if unchecked:
+            scratch = memoryview(bytearray(size))
+            cache.read_into(msg.hash, scratch)
+            t.buffer.write_clamped(start, scratch)
+        else:
+            cache.read_into(msg.hash, t.buffer.view(start, size))
         self.cache_hits += 1
         return m.SetTensorHashResponse(1)
 
     def _get_tensor(self, msg):
         t = self._live_tensor(msg.tensor, Cmd.GET_TENSOR)
-        start = self._region(t, msg.offset, msg.size, Cmd.GET_TENSOR)
+        start, unchecked = self._region(t, msg.offset, msg.size, Cmd.GET_TENSOR)
+        if unchecked:
+            return m.GetTensorResponse(t.buffer.read_clamped(start, msg.size))
         return m.GetTensorResponse(t.buffer.view(start, msg.size))
 
     def _copy_tensor(self, msg):
@@ -325,6 +369,10 @@ class ServerSession:
 
     def _memset_tensor(self, msg):
         t = self._live_tensor(msg.tensor, Cmd.MEMSET_TENSOR)
+        if self._region_unchecked(t, msg.offset, msg.size, Cmd.MEMSET_TENSOR):
+            t.buffer.write_clamped((msg.tensor.data + msg.offset) & U64,
+                                   bytes([msg.value]) * msg.size)
+            return
         size = nbytes(t.rec)
         if msg.offset > size or msg.size > size - msg.offset:
             raise Close(f"[memset_tensor] tensor region (offset={msg.offset}, size={msg.size}) "
@@ -384,13 +432,17 @@ class ServerSession:
         for rec in msg.tensors:
             records.setdefault(rec.id, rec)  # duplicate ids: the first record wins
         built: dict[int, ServerTensor] = {}
+        knobs = self.state.config.knobs
 
         def make(tid: int) -> ServerTensor:
             rec = records.get(tid)
             if rec is None:
                 raise Close(f"[graph_compute] tensor id 0x{tid:x} not among the graph's tensors",
                             Cmd.GRAPH_COMPUTE.value)
-            t = self.deserialize(rec, Cmd.GRAPH_COMPUTE)
+            view_src = records.get(rec.view_src) if rec.view_src else None
+            cross = bool(knobs.skip_view_bounds_cross_buffer and view_src is not None
+                         and self._allocated_after(view_src.buffer, rec.buffer))
+            t = self.deserialize(rec, Cmd.GRAPH_COMPUTE, unchecked=cross)
             if t.buffer is None and rec.data:
                 raise Close("[create_node] invalid data ptr", Cmd.GRAPH_COMPUTE.value)
             built[tid] = t  # registered before its sources, so cycles resolve to it
