@@ -18,7 +18,7 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from . import sanitizer
+from . import bounds, sanitizer
 from .case import Case
 from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
 from .target import Target
@@ -77,9 +77,12 @@ def starts_with_hello(case: Case) -> bool:
 
 class CaseRunner:
     def __init__(self, target: Target, *, deadline: float = 5.0, rss_every: float = 0.25,
-                 settle: float = 0.3, oracles=None):
+                 settle: float = 0.3, oracles=None, bounds_oracle: bool = True):
         self.target = target
         self.oracles = oracles  # harness.fuzz.oracles.Oracles: findings beyond death
+        # harness.fuzz.bounds: a processed request naming memory outside its buffer, and a
+        # plain in-bounds request refused
+        self.bounds_oracle = bounds_oracle
         self.deadline = deadline
         self.rss_every = rss_every
         # Open-ended cases (a length prefix the payload never fills): the server may be
@@ -161,6 +164,10 @@ class CaseRunner:
         if verdict is None and out.status in (OK, CLOSED):
             # Still serving? (A crash after our last answer, or a server stuck in our case.)
             verdict = self._serving_verdict(case, out, lockstep=lockstep)
+            if verdict is None:
+                verdict = self._bounds_verdict(case, out, lockstep=lockstep)
+            if verdict is None and not lockstep and self._may_refuse_in_bounds(case, out):
+                return self.check(case, lockstep=True, record=record, restart=restart)
             if verdict is None and self.oracles is not None:
                 found = self.oracles.judge_isolated(case, out, before)
                 if found is not None:
@@ -230,12 +237,45 @@ class CaseRunner:
         if out.status == CLOSED:
             self.pending = (case, out)
         self.previous = (case, out)
+        if out.status in (OK, CLOSED):
+            verdict = self._bounds_verdict(case, out)
+            if verdict is not None:
+                verdicts.append(verdict)
+            elif self._may_refuse_in_bounds(case, out):
+                again, _ = self.check(case)  # pinned to its step in lockstep, there
+                if again is not None and again.signature.kind == bounds.REFUSED_IN_BOUNDS:
+                    verdicts.append(again)
         if self.oracles is not None and out.status in (OK, CLOSED):
             kind = self.oracles.judge_stream(case, out, before)
             if kind is not None:
                 verdicts += self._confirm_oracle(kind, [case] + ([previous[0]] if previous
                                                                  else []))
         return verdicts, out
+
+    def _bounds_verdict(self, case: Case, out: Outcome, *, lockstep: bool = False
+                        ) -> Finding | None:
+        """harness.fuzz.bounds: an accepted out-of-bounds range; in a lockstep run, where the
+        close is pinned to its step, also a plain in-bounds request refused."""
+        if not self.bounds_oracle:
+            return None
+        worst = bounds.worst(bounds.judge(case, out))
+        if worst is not None:
+            return Finding(worst.signature(), case, worst.detail, out)
+        if lockstep and out.status == CLOSED and out.at is not None:
+            sig = bounds.refused_in_bounds(case, out, out.at)
+            if sig is not None:
+                return Finding(sig, case, f"the server closed at step {out.at}, a request "
+                                          "wholly in bounds that every server must accept", out)
+        return None
+
+    def _may_refuse_in_bounds(self, case: Case, out: Outcome) -> bool:
+        """Could the close of this fast-path run be the refusal of a plain in-bounds request
+        (one of the steps it may have happened at)?"""
+        if not self.bounds_oracle or out.status != CLOSED:
+            return False
+        first, last = out.window(len(case.steps))
+        return any(bounds.refused_in_bounds(case, out, k) is not None
+                   for k in range(first, last + 1))
 
     def _settle_before_unproven(self) -> list[Finding]:
         """The next case cannot prove the server alive (no answered HELLO first), or the
@@ -312,8 +352,13 @@ def late_signature(case: Case, command: str) -> Signature:
 
 
 def _disabling(verdict: Finding) -> bool:
-    """Does the target need a restart after this? (A protocol violation leaves it serving.)"""
-    return verdict.signature.kind != "protocol"
+    """Does the target need a restart after this? A protocol violation, a refusal or a read
+    out of bounds leave it serving as it was; an accepted write out of bounds may have
+    corrupted its memory, which would be blamed on the cases after it."""
+    sig = verdict.signature
+    if sig.kind == bounds.ACCEPTED_OOB:
+        return sig.line.startswith("write")
+    return sig.kind not in ("protocol", bounds.REFUSED_IN_BOUNDS)
 
 
 def _generic(detail: str) -> str:

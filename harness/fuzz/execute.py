@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from ..proto.wire import U64
 from .errors import FuzzError
-from .case import BASE, HANDLE, Case, relocate
+from .case import BASE, HANDLE, SIZE, Case, relocate
 
 
 # Outcome statuses
@@ -51,7 +51,9 @@ class Outcome:
     detail: str = ""
     frames_sent: int = 0
     bytes_sent: int = 0
-    live: dict = field(default_factory=dict)  # learned handles and bases
+    live: dict = field(default_factory=dict)  # learned handles, bases and buffer sizes
+    # step -> the first u64 of its (last) answer of at most 32 bytes: a result byte, a handle
+    answers: dict = field(default_factory=dict)
     # Recording runs only: ("c2s" | "s2c", monotonic time, bytes) in wire order (s2c bounded),
     # and how the server ended the connection ("fin" | "rst" | None).
     log: list[tuple[str, float, bytes]] | None = None
@@ -104,7 +106,8 @@ class Executor:
         """Run ``case`` on a new connection. ``before_close(outcome)`` is called while the
         connection is still open (for memory sampling), then the socket is closed."""
         t0 = time.monotonic()
-        out = Outcome(OK, live={HANDLE: [0] * case.n_buffers, BASE: [0] * case.n_buffers})
+        n = case.n_buffers
+        out = Outcome(OK, live={HANDLE: [0] * n, BASE: [0] * n, SIZE: [0] * n})
         if record:
             out.log = []
         self._s2c_kept = 0
@@ -150,7 +153,7 @@ class Executor:
                 _shutdown_write(sock)
             out.at = i
             for size in s.expect:
-                self._read_response(sock, size, s, out)
+                self._read_response(sock, size, i, s, out)
             out.progress = i + 1
             if s.expect:
                 out.proven = i + 1
@@ -170,7 +173,7 @@ class Executor:
             if s.eof:
                 _shutdown_write(sock)
             for size in s.expect:
-                self._read_response(sock, size, s, out)
+                self._read_response(sock, size, i, s, out)
             if not s.expect:
                 # Did this step end the connection? A short wait tells the step exactly.
                 self._peek_end(sock, out, s.cmd, self.lockstep_wait)
@@ -222,7 +225,7 @@ class Executor:
             got += self._recv_into(sock, self._view[got:n], out, what)
         return self._view[:n]
 
-    def _read_response(self, sock, size: int, s, out: Outcome) -> None:
+    def _read_response(self, sock, size: int, i: int, s, out: Outcome) -> None:
         head = self._read_exact(sock, 8, out, f"answer to {s.cmd}")
         (n,) = U64.unpack_from(head)
         if n != size:
@@ -232,6 +235,7 @@ class Executor:
             payload = self._read_exact(sock, n, out, "payload")
             # The first u64 (ALLOC_BUFFER: remote_ptr, BUFFER_GET_BASE: base, results...).
             value = int.from_bytes(payload[:8], "little") if n else 0
+            out.answers[i] = value
             if s.learn is not None and n in (8, 16):
                 kind, index = s.learn
                 out.live[kind][index] = value
@@ -239,6 +243,7 @@ class Executor:
                     # Index i now names another buffer: the base learned for the old one is
                     # not this buffer's (whether it lies inside it is the heap's layout).
                     out.live[BASE][index] = 0
+                    out.live[SIZE][index] = int.from_bytes(payload[8:16], "little")
             out.shapes.add((s.cmd, n, _bucket(value)))
             return
         out.shapes.add((s.cmd, -1, "data"))

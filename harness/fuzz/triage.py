@@ -9,10 +9,11 @@ Python server. Findings without a site (a hang, a memory bound, an oracle) keep 
 nothing shows that two commands hang for one reason.
 
 Severity, worst first (ClusterFuzz's order, as the project asks for it): a write out of
-bounds, a read out of bounds (a SIGSEGV at a wild address is at least that), a use after free
+bounds (an accepted one too: harness.fuzz.bounds), a read out of bounds (a SIGSEGV at a wild
+address is at least that), a use after free
 or a null dereference, a memory or liveness denial of service (memory bound, hang, the
 resource oracles, a stack overflow), other undefined behaviour, a reachable assert or abort,
-a protocol violation.
+a protocol violation or a compatibility finding (a plain in-bounds request refused).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import re
 from dataclasses import dataclass, field
 
 from . import sanitizer
+from .bounds import ACCEPTED_OOB, REFUSED_IN_BOUNDS
 
 SEVERITIES = ("write out of bounds", "read out of bounds", "use after free / null dereference",
               "memory or liveness DoS", "undefined behaviour", "reachable assert",
@@ -35,9 +37,11 @@ _MUTATION = re.compile(r"<- (\S+) (\S+)")
 
 def severity(kind: str, signal: str, line: str) -> int:
     """The rank (0 is worst) of a finding's signature in :data:`SEVERITIES`."""
+    if kind == ACCEPTED_OOB:  # harness.fuzz.bounds: the line starts with the access
+        return 0 if line.startswith("write") else 1
     if kind in _DOS_KINDS or "stack overflow" in line or "out-of-memory" in line:
         return 3
-    if kind in ("protocol", "cache"):
+    if kind in ("protocol", "cache", REFUSED_IN_BOUNDS):
         return 6
     if sanitizer.report_key(line) is not None:
         head = line.split(" in ", 1)[0]
