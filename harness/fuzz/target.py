@@ -27,6 +27,7 @@ import resource
 import shutil
 import socket
 import time
+from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,6 +56,7 @@ DEFAULT_RSS_LIMIT = 1 << 30
 BUSY_GRACE = 30.0
 BUSY_SHARE = 0.1  # "working": at least this share of a core while the HELLO went unanswered
 REFERENCE_MEMORY = "256M"  # the reference server's buffer budget under fuzzing
+SPARES = 3  # standby processes of a target that has died once (see Target.standby)
 
 
 @functools.cache
@@ -97,11 +99,13 @@ class Target:
         self.rss_peak = 0
         self.rss_first: int | None = None  # first sample of the current process
         self.rss_last: int | None = None
-        # Standby: after the first death a second process is started in the background, so a
-        # restart is a swap instead of a launch (24 ms for p7, which a campaign pays on most
-        # crashing cases). Off for targets that never die: no idle twin for nothing.
+        # Standby: after the first death SPARES more processes are started in the
+        # background, so a restart is a swap instead of a launch (5-30 ms for p7, mostly
+        # waiting: a pool of them keeps up with a crash every few milliseconds, as the sweep's
+        # placement classes give p7, which aborts on every tensor outside its buffer). Off for
+        # targets that never die: no idle twins for nothing.
         self.standby = standby
-        self._spare: Future | None = None
+        self._spares: deque[Future] = deque()
         self._pool: ThreadPoolExecutor | None = None
         self._launches = 0
         self._log_offsets: dict[str, int] = {}
@@ -121,17 +125,18 @@ class Target:
             self.stop()
             raise TargetError(f"{self.spec.name}: a {self.dialect} server in a container cannot "
                               "be fuzzed (COMM_INIT would listen beyond loopback); fuzz the pin")
-        if self.standby and self.starts > 1 and self._spare is None:
+        if self.standby and self.starts > 1:
             if self._pool is None:
-                self._pool = ThreadPoolExecutor(1, thread_name_prefix="target-standby")
-            self._spare = self._pool.submit(self._launch_checked, self._next_dir())
+                self._pool = ThreadPoolExecutor(SPARES, thread_name_prefix="target-standby")
+            while len(self._spares) < SPARES:
+                self._spares.append(self._pool.submit(self._launch_checked, self._next_dir()))
 
     def _next_dir(self) -> Path:
         if not self.standby:
             return self.workdir
-        # Three slots: the live process's, the spare's, and the dead one's (its log was read).
+        # Slots for the live process, the spares, and the dead one (its log was read).
         self._launches += 1
-        return self.workdir / f"slot{self._launches % 3}"
+        return self.workdir / f"slot{self._launches % (SPARES + 2)}"
 
     def _launch_checked(self, workdir: Path) -> ServerProcess:
         try:
@@ -175,9 +180,9 @@ class Target:
     def _take_spare(self) -> ServerProcess | None:
         """The standby process if it came up and still runs; else None (launch afresh, which
         reports a start failure properly)."""
-        fut, self._spare = self._spare, None
-        if fut is None:
+        if not self._spares:
             return None
+        fut = self._spares.popleft()
         try:
             server = fut.result(timeout=self.ready_timeout + 5)
         except Exception:  # noqa: BLE001 - the synchronous launch will say what is wrong
@@ -277,9 +282,10 @@ class Target:
     def stop(self) -> ExitInfo | None:
         """Stop the live process and the standby one."""
         info = self._stop_live()
-        spare = self._take_spare()
-        if spare is not None:
-            spare.stop()
+        while self._spares:
+            spare = self._take_spare()
+            if spare is not None:
+                spare.stop()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
