@@ -542,9 +542,13 @@ def fuzz(
                                   "device, its request streams cut into SENDs across the "
                                   "server's reads (e.g. with --deadline 2)."),
     sweep_share: float = typer.Option(0.2, "--sweep-share", help="Share of the duration the "
-                                      "deterministic sweep (catalogue walk, boundary classes) "
-                                      "may take before the random search (live and "
+                                      "deterministic sweep (catalogue walk, boundary classes, "
+                                      "covering arrays, stateful pairs, scale classes) may "
+                                      "take before the random search (live and "
                                       "--differential; 1: the sweep alone, 0: none)."),
+    phases: str = typer.Option("all", "--phases", help="Which parts of the deterministic "
+                               "sweep run, comma-separated: catalogue, boundary, "
+                               "combinatorial, stateful, scale (all: every one)."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -564,7 +568,7 @@ def fuzz(
                                   min_messages=min_messages, shard=shard,
                                   differential=differential, allow=allow, no_allow=no_allow,
                                   engine=engine, oracles=oracles, transport=transport,
-                                  sweep_share=sweep_share))
+                                  sweep_share=sweep_share, phases=phases))
 
 
 @app.command()

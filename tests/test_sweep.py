@@ -146,17 +146,18 @@ def test_the_sweep_finds_a_planted_boundary_bug(tmp_path):
     """The reference with a bounds check one byte short (tensor_bounds_slack=1) against the
     correct one: the sweep alone finds it, at a placement of one byte past a buffer's end."""
     planted = "ref-7.0.0:tensor_bounds_slack=1"
+    single = ("catalogue", "boundary")  # the single-field parts: the sweep before issue 30
     _, report = run_differential(DifferentialConfig(
-        a="ref-7.0.0", b=planted, seed=1, duration=300, sweep_share=1.0,
-        max_cases=sw.size("7.0.0"), shrink_seconds=10, out=tmp_path / "d"))
+        a="ref-7.0.0", b=planted, seed=1, duration=300, sweep_share=1.0, phases=single,
+        max_cases=sw.size("7.0.0", only=single), shrink_seconds=10, out=tmp_path / "d"))
     assert not report["errors"], report["errors"]
     assert report["findings"], report["stats"]
     cases = {f["listing"][-1] if f["listing"] else "" for f in report["findings"]}
     assert any("end-nbytes+1" in line or "end-1" in line for line in cases), cases
     # the same sweep against two correct servers: nothing
     _, clean = run_differential(DifferentialConfig(
-        a="ref-7.0.0", b="ref-7.0.0", seed=1, duration=300, sweep_share=1.0,
-        max_cases=sw.size("7.0.0"), out=tmp_path / "clean"))
+        a="ref-7.0.0", b="ref-7.0.0", seed=1, duration=300, sweep_share=1.0, phases=single,
+        max_cases=sw.size("7.0.0", only=single), out=tmp_path / "clean"))
     assert clean["nothing_found"] and clean["sweep"]["complete"], clean["findings"]
 
 
@@ -239,7 +240,7 @@ def test_a_differential_draws_the_walk_before_its_clock_starts(tmp_path, monkeyp
 def test_planted_a_differential_drawing_the_walk_on_the_clock_runs_no_session(tmp_path,
                                                                               monkeypatch):
     import harness.fuzz.differential as diff
-    monkeypatch.setattr(diff, "cached_walk", lambda *a, **kw: None)
+    monkeypatch.setattr(diff, "prepare", lambda *a, **kw: None)
     report = _slow_walk_differential(tmp_path, monkeypatch)
     assert report["cases"] == 0, report["stats"]
 
@@ -255,6 +256,6 @@ def test_a_campaign_draws_the_walk_before_its_clock_starts(tmp_path, monkeypatch
 def test_planted_a_walk_drawn_on_the_clock_leaves_a_short_campaign_nothing(tmp_path,
                                                                           monkeypatch):
     import harness.fuzz.campaign as campaign
-    monkeypatch.setattr(campaign, "cached_walk", lambda dialect: None)
+    monkeypatch.setattr(campaign, "prepare", lambda dialect: None)
     report = _slow_walk_campaign(tmp_path, monkeypatch)
     assert report["messages_sent"] == 0, report["timing_s"]  # the walk took its time

@@ -51,7 +51,7 @@ from .report import DEFAULT_MIN_MESSAGES, build_report, write_report
 from .case_runner import CaseRunner, Finding
 from .shrink import (Budget, drop_unneeded_mutations, minimise_case, save_reproducer,
                      transcript_of)
-from .sweep import cached_walk, size as sweep_size, sweep as sweep_cases
+from .sweep import PARTS, prepare, size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .signature import Signature
 from .target_spec import TargetSpec
@@ -92,12 +92,14 @@ class CampaignConfig:
     # the deterministic sweep (harness/fuzz/sweep.py) first, for at most this share of the
     # duration; 0 leaves it out
     sweep_share: float = SWEEP_SHARE
+    phases: tuple[str, ...] = PARTS  # which of the sweep's parts run
 
     def to_json(self) -> dict:
         d = asdict(self)
         for k in ("out", "corpus"):
             d[k] = str(d[k]) if d[k] is not None else None
         d["shard"] = list(self.shard)
+        d["phases"] = list(self.phases)
         return d
 
     @property
@@ -152,6 +154,8 @@ class _Worker:
         self.corpus = Corpus(max_entries=max(cfg.max_corpus, 200) * 4)
         self.rng = random.Random(seed)
         self.timing: Counter = Counter()  # seconds per activity: where the rate goes
+        self.sweep_shard: list[int] | None = None  # (i, n) of the sweep this worker runs
+        self.sweep_parts: Counter = Counter()  # cases run per deterministic phase
         self.global_index = cfg.first_worker + index
         self.fast_seen: dict[Signature, str] = {}  # fast-path signature -> confirmed id
         self.corpus_saved = 0
@@ -171,10 +175,10 @@ class _Worker:
             self.target.start()
             self.dialect = self.target.dialect
             if self.cfg.sweep_share > 0:
-                # drawn (or read from the cache) before the clock starts: a first campaign
-                # after an upgrade spent ~5 s of its time drawing it (a 4 s bench campaign
-                # sent nothing), which is set-up, not fuzzing
-                cached_walk(self.dialect)
+                # built (or read from the cache) before the clock starts: a first campaign
+                # after an upgrade spent its time drawing the walk and building the covering
+                # arrays (a 4 s bench campaign sent nothing), which is set-up, not fuzzing
+                prepare(self.dialect)
             self.t0 = time.time()
             self.end = self.t0 + self.cfg.duration
             self.runner = CaseRunner(self.target, deadline=self.cfg.deadline,
@@ -221,22 +225,28 @@ class _Worker:
         self._drain_queue()
 
     def _sweep(self) -> None:
-        """The systematic phase (this worker's share of it): every operator x command, then
-        the boundary classes, in at most ``sweep_share`` of the campaign's time. What it did
-        not reach in time is counted (sweep_done < sweep_total), and the report says so."""
+        """The deterministic phases (this worker's share of them, in order): the catalogue
+        walk, the boundary classes, the covering arrays, the stateful pairs, the scale
+        classes, in at most ``sweep_share`` of the campaign's time. What it did not reach in
+        time is counted (sweep_done < sweep_total), and the report says so."""
         if self.cfg.sweep_share <= 0:
             return
         shard = (self.global_index + 1, self.cfg.all_workers)
-        self.stats["sweep_total"] = sweep_size(self.dialect, shard=shard)
+        self.stats["sweep_total"] = sweep_size(self.dialect, shard=shard, only=self.cfg.phases)
+        self.sweep_shard = list(shard)
         self.emit({"type": "sweep", "worker": self.index, "total": self.stats["sweep_total"],
                    "dialect": self.dialect})
         stop = self.t0 + self.cfg.sweep_share * max(self.end - self.t0, 0.0)
-        t0 = time.perf_counter()
-        for item in sweep_cases(self.dialect, shard=shard):
+        t0 = last = time.perf_counter()
+        for item in sweep_cases(self.dialect, shard=shard, only=self.cfg.phases):
             if time.time() >= min(stop, self.end):
                 break
             self._run_case(item.case)
             self.stats["sweep_done"] += 1
+            self.sweep_parts[item.part] += 1
+            now = time.perf_counter()
+            self.timing[f"sweep:{item.part}"] += now - last
+            last = now
         else:  # exhausted: the count was an upper bound (a walk draw may repeat or be local)
             self.stats["sweep_total"] = self.stats["sweep_done"]
         self.timing["sweep"] += time.perf_counter() - t0
@@ -505,6 +515,7 @@ class _Worker:
                    "target_starts": self.target.starts,
                    "behaviours": len(self.corpus.features), "corpus": len(self.corpus),
                    "timing": {k: round(v, 3) for k, v in self.timing.items()},
+                   "sweep_shard": self.sweep_shard, "sweep_parts": dict(self.sweep_parts),
                    "dialect": self.dialect,
                    "oracle_notes": dict(self.oracles.notes),
                    "oracle_triggers": self.oracles.triggers,
@@ -543,7 +554,8 @@ def _worker_entry(cfg_json: dict, index: int, seed: int, out: str, q) -> None:
     """Process entry point of one worker (spawned)."""
     cfg = CampaignConfig(**{**cfg_json, "out": Path(cfg_json["out"]) if cfg_json["out"] else None,
                             "corpus": Path(cfg_json["corpus"]) if cfg_json["corpus"] else None,
-                            "shard": tuple(cfg_json["shard"])})
+                            "shard": tuple(cfg_json["shard"]),
+                            "phases": tuple(cfg_json.get("phases", PARTS))})
     exit_on_sigterm()  # the parent forwards its SIGTERM: unwind, so the target is stopped
     try:
         _Worker(cfg, index, seed, Path(out), q.put).run()

@@ -21,7 +21,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
                  no_allow: bool = False, engine: str = "live", oracles: dict | None = None,
-                 transport: str = "tcp", sweep_share: float = 0.2) -> int:
+                 transport: str = "tcp", sweep_share: float = 0.2, phases: str = "all") -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -38,6 +38,14 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
     if not 0.0 <= sweep_share <= 1.0:
         console.print(f"[red]--sweep-share {sweep_share}: a share of the duration, 0 to 1")
         return 2
+    from .sweep import PARTS
+    chosen = PARTS if phases.strip() == "all" else \
+        tuple(p.strip() for p in phases.split(",") if p.strip())
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown or not chosen:
+        console.print(f"[red]--phases {phases}: names among {', '.join(PARTS)} (or all)")
+        return 2
+    chosen = tuple(p for p in PARTS if p in chosen)  # the sweep's own order
     if (target is None) == (differential is None):
         console.print("[red]give either --target or --differential A B")
         return 2
@@ -70,7 +78,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                                  rss_limit=rss_limit, as_limit=as_limit,
                                  shrink_seconds=shrink_seconds, max_steps=max_steps,
                                  allow=allow, min_messages=min_messages, keep_work=keep_work,
-                                 sweep_share=sweep_share)
+                                 sweep_share=sweep_share, phases=chosen)
         runner = run_differential
         target = f"{differential[0]} vs {differential[1]}"
     elif engine == "libfuzzer":
@@ -93,7 +101,7 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
                              max_steps=max_steps, keep_work=keep_work,
                              min_messages=min_messages, shard=shard_of,
-                             oracles=oracles or {}, sweep_share=sweep_share)
+                             oracles=oracles or {}, sweep_share=sweep_share, phases=chosen)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:

@@ -37,6 +37,7 @@ import re
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
@@ -54,15 +55,17 @@ from .errors import FuzzError
 from ..capture.pcap import write_pcap
 from ..impls.pins import PROJECT_ROOT
 from .campaign import SWEEP_SHARE, Progress, _is_hypothesis_error
+from .bounds import ACCEPTED_OOB
 from .case import BASE, HANDLE, Case, Step
 from .evolve import Corpus, behaviour, mutate
 from .execute import Outcome
 from .generate import cases
 from .replay import load
-from .report import DEFAULT_MIN_MESSAGES, _sweep_row, campaign_problems
+from .report import (DEFAULT_MIN_MESSAGES, _sweep_row, campaign_problems, phases_lines,
+                     phases_summary)
 from .case_runner import CaseRunner, Finding
 from .shrink import Budget, minimise_case, transcript_of
-from .sweep import cached_walk, size as sweep_size, sweep as sweep_cases
+from .sweep import PARTS, prepare, size as sweep_size, sweep as sweep_cases
 from .written import unwritten_ranges
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .signature import Signature, normalise, slug
@@ -320,8 +323,11 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
     ka = va.signature if va else None
     kb = vb.signature if vb else None
     if ka is not None or kb is not None:
-        if ka is not None and kb is not None and ka.same_bug(kb, command=False):
-            return None  # both broke the same way: no difference
+        if ka is not None and kb is not None and ka.same_bug(kb, command=False) \
+                and ka.kind != ACCEPTED_OOB:
+            # both broke the same way: no difference (but two servers that both accept memory
+            # outside their buffers are each a finding: harness.fuzz.bounds)
+            return None
         cmd = (ka or kb).command
         side = [f"{lab}: {k.title() if k else 'survived'}" for lab, k in zip(labels, (ka, kb))]
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
@@ -399,6 +405,7 @@ class DifferentialConfig:
     # the deterministic sweep first, for at most this share of the duration (its sessions
     # count towards max_cases); 0 leaves it out
     sweep_share: float = SWEEP_SHARE
+    phases: tuple[str, ...] = PARTS  # which of the sweep's parts run
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -451,6 +458,7 @@ def run_differential(cfg: DifferentialConfig, *,
     stats = {"cases": 0, "frames": 0, "generated": 0, "evolved": 0, "divergences_seen": 0,
              "allowed": 0, "both_broke": 0, "restarts": 0, "sweep_total": 0, "sweep_done": 0}
     sweep_seconds = 0.0
+    sweep_timing: Counter = Counter()  # seconds per deterministic phase
     findings: list[dict] = []
     seen: set[str] = set()
     hits = [0] * len(allow)  # sessions each allow-list entry let pass
@@ -475,9 +483,9 @@ def run_differential(cfg: DifferentialConfig, *,
         local_only = not all(s.is_reference for s in specs)
         strategy = cases(dialect, max_steps=cfg.max_steps, local_only=local_only)
         if cfg.sweep_share > 0:
-            # set-up, as in a campaign's worker: drawn (or read from the cache) before the
-            # clock starts, or a first run after an upgrade spends seconds of its time on it
-            cached_walk(dialect, local_only=local_only)
+            # set-up, as in a campaign's worker: built (or read from the cache) before the
+            # clock starts, or a first run after an upgrade spends its time on it
+            prepare(dialect, local_only=local_only)
         t0 = time.time()  # the servers' start is set-up too
         end = t0 + cfg.duration
 
@@ -508,15 +516,19 @@ def run_differential(cfg: DifferentialConfig, *,
             emit()
 
         if cfg.sweep_share > 0:
-            stats["sweep_total"] = sweep_size(dialect)
+            stats["sweep_total"] = sweep_size(dialect, local_only=local_only, only=cfg.phases)
             if on_progress is not None:
                 on_progress(progress)
             stop, s0 = t0 + cfg.sweep_share * cfg.duration, time.time()
-            for item in sweep_cases(dialect, local_only=local_only):
+            last = s0
+            for item in sweep_cases(dialect, local_only=local_only, only=cfg.phases):
                 if not more() or time.time() >= stop:
                     break
                 one(item.case)
                 stats["sweep_done"] += 1
+                now = time.time()
+                sweep_timing[f"sweep:{item.part}"] += now - last
+                last = now
             else:  # exhausted: the count was an upper bound
                 stats["sweep_total"] = stats["sweep_done"]
             sweep_seconds = time.time() - s0
@@ -574,6 +586,9 @@ def run_differential(cfg: DifferentialConfig, *,
         "workers_never_listened": [i for i, n in enumerate(started) if not n],
         "config": cfg.to_json(),
     }
+    if cfg.sweep_share > 0 and dialect is not None:
+        report["sweep"].update(phases_summary(dialect, [((1, 1), stats["sweep_done"])],
+                                              sweep_timing, cfg.phases))
     report["problems"] = campaign_problems(report, cfg.min_messages)
     (out / "report.json").write_text(json.dumps(report, indent=1, default=str) + "\n")
     (out / "report.md").write_text(render_markdown(report))
@@ -700,6 +715,7 @@ def render_markdown(r: dict) -> str:
               f"| target restarts | {s['restarts']} |", ""]
     if r["errors"]:
         lines += ["## Errors", ""] + [f"* {e['error']}" for e in r["errors"]] + [""]
+    lines += phases_lines(r.get("sweep"))
     lines += ["## Divergences", ""]
     for f in r["findings"]:
         lines += [f"### {f['id']}", "", f"{f['title']}", "", f"Detail: {f['detail']}", "",

@@ -60,9 +60,14 @@ def build_report(cfg, spec, progress, *, interrupted: bool = False) -> dict:
                                           progress.workers.get(i, {}).get("target_starts")]})
     if hasattr(cfg, "sweep_share"):  # the in-process engine seeds with the sweep instead
         done, total = progress.total("sweep_done"), progress.total("sweep_total")
+        timing = progress.merged("timing")
         report["sweep"] = {"cases": total, "done": done, "complete": done >= total,
-                           "seconds": round(progress.merged("timing").get("sweep", 0.0), 1),
+                           "seconds": round(timing.get("sweep", 0.0), 1),
                            "share": cfg.sweep_share}
+        shards = [(tuple(w["sweep_shard"]), w.get("stats", {}).get("sweep_done", 0))
+                  for w in progress.workers.values() if w.get("sweep_shard")]
+        if shards and cfg.sweep_share > 0:
+            report["sweep"].update(phases_summary(dialect, shards, timing, cfg.phases))
     report["problems"] = campaign_problems(report, cfg.min_messages)
     return report
 
@@ -297,6 +302,57 @@ def render_markdown(r: dict, out: Path) -> str:
     return _render_rest(r, out, lines)
 
 
+def phases_summary(dialect: str, shards, timing, phases) -> dict:
+    """The deterministic phases' coverage from what each worker sent (its shard of the sweep
+    and how many of its cases it ran): per phase cases and seconds, per command the covering
+    array's rows and the pairs and triples they covered, the stateful pairs covered. Phases
+    the campaign was not asked to run are left out."""
+    from .sweep import coverage, sent
+    cov = coverage(dialect, sent(dialect, shards, phases))
+    return {"parts": {p: {"done": cov["parts"][p][0], "cases": cov["parts"][p][1],
+                          "seconds": round(timing.get(f"sweep:{p}", 0.0), 1)}
+                      for p in phases if p in cov["parts"]},
+            "interactions": cov["commands"] if "combinatorial" in phases else {},
+            "stateful": cov["stateful"] if "stateful" in phases else {}}
+
+
+def _pct(pair) -> str:
+    covered, possible = pair
+    return f"{covered:,} / {possible:,} ({100 * covered / possible:.1f}%)" if possible else "-"
+
+
+def phases_lines(sweep: dict | None) -> list[str]:
+    """Markdown: each deterministic phase's progress and time, the interaction coverage of
+    each command's covering array, and the stateful pairs covered."""
+    if not sweep or not sweep.get("parts"):
+        return []
+    lines = ["## Deterministic phases", "",
+             "| phase | cases sent | of | seconds |", "|---|---|---|---|"]
+    for part, p in sweep["parts"].items():
+        lines.append(f"| {part} | {p['done']:,} | {p['cases']:,} | {p['seconds']:.1f} |")
+    inter = sweep.get("interactions") or {}
+    if inter:
+        lines += ["", "Interaction coverage of the combinatorial phase (every pair of classes of "
+                  "any two fields, t = 2; every placement triple of a tensor and of a tensor "
+                  "and its source, t = 3):", "",
+                  "| command | factors | array rows | rows sent | pairs covered | "
+                  "triples covered |", "|---|---|---|---|---|---|"]
+        for cmd, c in inter.items():
+            lines.append(f"| {cmd} | {c['factors']} | {c['rows']:,} | {c['sent']:,} | "
+                         f"{_pct(c['pairs'])} | {_pct(c['triples'])} |")
+        pairs = [sum(c["pairs"][i] for c in inter.values()) for i in (0, 1)]
+        triples = [sum(c["triples"][i] for c in inter.values()) for i in (0, 1)]
+        lines.append(f"| **all** | | {sum(c['rows'] for c in inter.values()):,} | "
+                     f"{sum(c['sent'] for c in inter.values()):,} | {_pct(pairs)} | "
+                     f"{_pct(triples)} |")
+    st = sweep.get("stateful") or {}
+    if st.get("pairs"):
+        lines += ["", f"Stateful pairs covered (every ordered pair of state-changing requests "
+                  f"on one buffer, each followed by all {st['uses']} uses): "
+                  f"{_pct(st['pairs'])}."]
+    return lines + [""]
+
+
 def _sweep_row(sweep: dict | None) -> str:
     if not sweep or not sweep.get("cases"):
         return "| sweep | not run |"
@@ -311,6 +367,7 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
         lines += ["## Worker errors", ""] + [f"* worker {e.get('worker')}: {e.get('error')}"
                                             for e in r["errors"]] + [""]
     lines += root_cause_lines(r["findings"], _md)
+    lines += phases_lines(r.get("sweep"))
     lines += ["## Findings", ""]
     if not r["findings"]:
         lines += ["None." + (" The reference server must never crash, hang, grow beyond its "

@@ -1,7 +1,7 @@
 """The systematic phase every campaign starts with: a deterministic sweep before the random
 search, so what a campaign tries does not depend on how much CPU it happens to get.
 
-Two parts, the same for a dialect on every machine:
+Five parts, in this order, the same for a dialect on every machine:
 
 1. **the catalogue walk**: every registered request-side mutation operator x every command it
    applies to (the coverage table's catalogue), drawn ``draws`` times from fixed seeds, each in
@@ -17,21 +17,25 @@ Two parts, the same for a dialect on every machine:
    SET_TENSOR's cache flag 0, 1, 2 and 255. Each is a one-request session after the same
    set-up: HELLO, then ALLOC_BUFFER + BUFFER_GET_BASE of two buffers (4 KiB and 8 KiB), then the
    request, then a GET_ALIGNMENT probe.
+3. **the combinatorial phase** (:mod:`.interactions`): the fields of every tensor role and the
+   request's scalars at their edges together, as covering arrays (every pair of classes, every
+   placement triple of a tensor and of a tensor and its source);
+4. **the stateful phase** (:mod:`.stateful`): every ordered pair of state-changing requests,
+   then every request that uses what they changed;
+5. **the scale classes** (:mod:`.scale`): graphs as large as a request may be.
 
-Cases come lazily (the deep graphs are megabytes); ``size`` counts them without building any.
+Parts 1, 3 and 4 are built once per harness version and kept in the cache; the boundary and
+scale cases come lazily (their deep graphs are megabytes). :func:`coverage` says what a
+campaign's sent cases covered.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
-import pickle
-import tempfile
+import itertools
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
-from functools import partial
-from pathlib import Path
+from functools import lru_cache, partial
 
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 
@@ -39,8 +43,9 @@ from ..proto import Cmd, get_dialect, ggml
 from ..proto import messages as m
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
+from . import interactions, memo, scale, stateful
 from . import strategies as rst
-from .case import Case, annotate, step
+from .case import Case, annotate, annotate_after, step
 from .generate import _PROBE, _Model, _alloc_steps, _frame, _not_comm_init
 from .strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_plan,
                                     graph_request, placement_cases, range_cases, scalar_cases,
@@ -53,13 +58,19 @@ DRAWS = 2  # draws per (operator, command) in the catalogue walk
 CACHE_FLAGS = (0, 1, 2, 255)
 
 
+PARTS = ("catalogue", "boundary", "combinatorial", "stateful", "scale")
+
+
 @dataclass(frozen=True)
 class SweepCase:
     """One case of the sweep and what it stands for (for the report)."""
 
-    part: str  # "catalogue" | "boundary"
+    part: str  # one of PARTS
     label: str  # "field:placement:GET_TENSOR tensor buffer=own data=other:end+1"
     case: Case
+    # what it covers: (command, rows of its covering array) in the combinatorial part,
+    # (ordered pair, ()) in the stateful one
+    covers: tuple[str, tuple[int, ...]] | None = None
 
 
 # ---------------------------------------------------------------- sessions
@@ -78,7 +89,13 @@ def _probe(d: Dialect):
 
 def _session(d: Dialect, head: list, frame: bytes, cmd: str, desc: dict) -> Case:
     last = step(frame, cmd, desc=desc, eof=bool(desc.get("eof")))
-    return annotate(d, tuple([*head, last, _probe(d)]), meta={"mutations": [desc], "sweep": True})
+    return annotate_after(_annotated(d.name, tuple(head)), (last, _probe(d)),
+                          meta={"mutations": [desc], "sweep": True})
+
+
+@lru_cache(maxsize=64)
+def _annotated(dialect: str, head: tuple) -> Case:
+    return annotate(dialect, head)
 
 
 # ---------------------------------------------------------------- 1. the catalogue walk
@@ -303,64 +320,207 @@ def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
         yield SweepCase("boundary", label, _session(d, head, _frame(d, req), cmd.value, desc))
 
 
-def _source_digest() -> str:
-    """Of every module of the harness: a walk drawn by other code is drawn again."""
-    root = Path(__file__).resolve().parents[1]
-    h = hashlib.sha256()
-    for f in sorted(root.rglob("*.py")):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:16]
+def _cached(kind: str, key: str, build):
+    """``build()``, once per harness version (harness/fuzz/memo.py)."""
+    return memo.cached(kind, key, memo.source_digest(), build)
 
 
 def cached_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
                 ) -> list[SweepCase]:
-    """The catalogue walk, drawn once per harness version and kept in the cache: drawing it
-    costs seconds of hypothesis generation (a sixth of a 2-minute campaign's sweep share)
-    that every campaign and worker would otherwise pay again for the same cases."""
+    """The catalogue walk (drawing it costs seconds of hypothesis generation)."""
+    key = f"{get_dialect(dialect).name}-{draws}-{int(local_only)}"
+    cases = _cached("walk", key, lambda: list(catalogue_walk(dialect, draws=draws,
+                                                               local_only=local_only)))
+    if isinstance(cases, list) and all(isinstance(c, SweepCase) for c in cases):
+        return cases
+    return list(catalogue_walk(dialect, draws=draws, local_only=local_only))
+
+
+# ---------------------------------------------------------------- 3. the combinatorial phase
+
+@dataclass(frozen=True)
+class Combinatorial:
+    """The combinatorial part of a dialect: its cases and each command's design."""
+
+    cases: list[SweepCase]
+    designs: dict[str, "interactions.Design"]
+
+
+def _build_combinatorial(dialect: str) -> Combinatorial:
+    d = get_dialect(dialect)
+    head, regions = _setup(d)
+    cases, designs = [], {}
+    for cmd, (dsg, msg, roles) in interactions.designs(dialect, regions,
+                                                      baselines(d, regions)).items():
+        designs[cmd.value] = dsg
+        by_request: dict = {}  # rows that make the same request are one case
+        for row in interactions.rows_of(d, regions, cmd, msg, roles, dsg):
+            by_request.setdefault(row.request, []).append(row)
+        for req, rows in by_request.items():
+            first = rows[0]
+            desc = _desc(d, "field", "combinatorial", cmd, first.first, first.label,
+                         block=first.block)
+            cases.append(SweepCase("combinatorial", f"combinatorial:{cmd.value} {first.label}",
+                                   _session(d, head, _frame(d, req), cmd.value, desc),
+                                   (cmd.value, tuple(r.index for r in rows))))
+    return Combinatorial(cases, designs)
+
+
+def combinatorial(dialect: str) -> Combinatorial:
+    value = _cached("combinatorial", get_dialect(dialect).name,
+                    partial(_build_combinatorial, dialect))
+    return value if isinstance(value, Combinatorial) else _build_combinatorial(dialect)
+
+
+def _build_stateful(dialect: str) -> list[SweepCase]:
+    d = get_dialect(dialect)
+    return [SweepCase("stateful", f"stateful:{c.pair}, then {c.use}", c.case, (c.pair, ()))
+            for c in stateful.cases(d)]
+
+
+def stateful_cases(dialect: str) -> list[SweepCase]:
+    value = _cached("stateful", get_dialect(dialect).name, partial(_build_stateful, dialect))
+    return value if isinstance(value, list) else _build_stateful(dialect)
+
+
+def scale_sweep(dialect: str) -> Iterator[SweepCase]:
+    d = get_dialect(dialect)
+    head, regions = _setup(d)
+    for label, case in scale.cases(d, head, regions[0], _probe(d)):
+        yield SweepCase("scale", f"scale_class:GRAPH_COMPUTE {label}", case)
+
+
+# ---------------------------------------------------------------- the whole sweep
+
+@dataclass(frozen=True)
+class Prepared:
+    """What the sweep of a dialect needs before it runs: the cached parts and the counts of
+    the lazy ones."""
+
+    walk: list[SweepCase]
+    combinatorial: Combinatorial
+    stateful: list[SweepCase]
+    boundary_count: int
+    scale_count: int
+
+
+def prepare(dialect: str, *, draws: int = DRAWS, local_only: bool = True) -> Prepared:
+    """Build (or read from the cache) every part of the sweep, once per process and cache
+    directory. Campaigns call it before their clock starts: a first campaign after an upgrade
+    builds the covering arrays then, which is set-up, not fuzzing."""
     from ..impls.registry import cache_root
-    key = f"{get_dialect(dialect).name}-{draws}-{int(local_only)}-{_source_digest()}"
-    path = cache_root() / "sweep" / f"walk-{key}.pickle"
-    try:
-        with open(path, "rb") as f:
-            cached = pickle.load(f)
-        if isinstance(cached, list) and all(isinstance(c, SweepCase) for c in cached):
-            return cached
-    except Exception:  # noqa: BLE001 - absent, or damaged in any way: drawn again
-        pass
-    cases = list(catalogue_walk(dialect, draws=draws, local_only=local_only))
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, delete=False) as f:
-            pickle.dump(cases, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(f.name, path)  # atomic: two workers may write it at once
-        for old in path.parent.glob(f"walk-{key.rsplit('-', 1)[0]}-*.pickle"):
-            if old != path:
-                old.unlink(missing_ok=True)  # drawn by an older harness
-    except OSError:
-        pass  # a read-only cache costs the time, not the result
-    return cases
+    return _prepare(get_dialect(dialect).name, draws, local_only, str(cache_root()))
+
+
+@lru_cache(maxsize=16)
+def _prepare(dialect: str, draws: int, local_only: bool, cache: str) -> Prepared:
+    d = get_dialect(dialect)
+    _, regions = _setup(d)
+    return Prepared(cached_walk(dialect, draws=draws, local_only=local_only),
+                    combinatorial(dialect), stateful_cases(dialect),
+                    sum(1 for _ in _boundary_requests(d, regions, build=False)),
+                    len(scale.plan(d, regions[0])))
+
+
+@lru_cache(maxsize=16)
+def designs(dialect: str) -> dict[Cmd, tuple["interactions.Design", object, dict]]:
+    """Per tensor command: (its covering-array design, baseline request, tensor roles), the
+    designs from the prepared (cached) combinatorial part."""
+    d = get_dialect(dialect)
+    _, regions = _setup(d)
+    built = prepare(dialect).combinatorial.designs
+    return {cmd: (built[cmd.value], msg, roles)
+            for cmd, (msg, roles) in baselines(d, regions).items()}
+
+
+def parts(dialect: str, *, draws: int = DRAWS, local_only: bool = True
+          ) -> list[tuple[str, Iterable[SweepCase], int]]:
+    """(part, its cases, how many) in sweep order; the lazy parts are counted without
+    building their graphs."""
+    p = prepare(dialect, draws=draws, local_only=local_only)
+    return [("catalogue", p.walk, len(p.walk)),
+            ("boundary", boundary_sweep(dialect), p.boundary_count),
+            ("combinatorial", p.combinatorial.cases, len(p.combinatorial.cases)),
+            ("stateful", p.stateful, len(p.stateful)),
+            ("scale", scale_sweep(dialect), p.scale_count)]
 
 
 def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
-          shard: tuple[int, int] = (1, 1)) -> Iterator[SweepCase]:
-    """The whole sweep, the catalogue walk first (it is what the coverage table counts);
-    ``shard`` (i, n): every n-th case from the i-th, for one of n workers."""
+          shard: tuple[int, int] = (1, 1), only: Iterable[str] | None = None
+          ) -> Iterator[SweepCase]:
+    """The whole sweep, part by part (the catalogue walk first: it is what the coverage
+    table counts); ``shard`` (i, n): every n-th case from the i-th, for one of n workers;
+    ``only``: these parts (the others are not built: the lazy ones cost seconds)."""
     i, n = shard
     k = 0
-    for part in (cached_walk(dialect, draws=draws, local_only=local_only),
-                 boundary_sweep(dialect)):
-        for c in part:
+    wanted = set(only) if only is not None else set(PARTS)
+    for part, cases, count in parts(dialect, draws=draws, local_only=local_only):
+        if part not in wanted:
+            k += count
+            continue
+        for c in cases:
             if k % n == i - 1:
                 yield c
             k += 1
 
 
-def size(dialect: str, *, draws: int = DRAWS, shard: tuple[int, int] = (1, 1)) -> int:
-    """How many cases ``sweep`` gives (an upper bound for the walk: a draw may repeat or open
-    a connection a local-only sweep leaves out), counted without framing a request."""
-    d = get_dialect(dialect)
-    _, regions = _setup(d)
-    total = len(_walk_pairs(d)) * draws + sum(1 for _ in _boundary_requests(d, regions,
-                                                                             build=False))
+def size(dialect: str, *, draws: int = DRAWS, shard: tuple[int, int] = (1, 1),
+         local_only: bool = True, only: Iterable[str] | None = None) -> int:
+    """How many cases ``sweep`` gives this shard (of the parts ``only`` names)."""
+    wanted = set(only) if only is not None else set(PARTS)
     i, n = shard
-    return len(range(i - 1, total, n))
+    k = count = 0
+    for part, _, total in parts(dialect, draws=draws, local_only=local_only):
+        if part in wanted:  # the shard's cases among global indices k .. k + total - 1
+            count += len(range(k + (i - 1 - k) % n, k + total, n))
+        k += total
+    return count
+
+
+def sent(dialect: str, shards: Iterable[tuple[tuple[int, int], int]],
+         only: Iterable[str] | None = None) -> set[int]:
+    """Indices (over the whole sweep) of the cases sent, from each worker's shard and how
+    many of its cases it ran (a worker runs its shard of the parts ``only`` names, in
+    order)."""
+    wanted = set(only) if only is not None else set(PARTS)
+    spans, k = [], 0
+    for part, _, total in parts(dialect):
+        if part in wanted:
+            spans.append(range(k, k + total))
+        k += total
+    out: set[int] = set()
+    for (i, n), done in shards:
+        mine = (x for span in spans for x in span[(i - 1 - span.start) % n::n])
+        out.update(itertools.islice(mine, done))
+    return out
+
+
+def coverage(dialect: str, indices: set[int], *, draws: int = DRAWS,
+             local_only: bool = True) -> dict:
+    """What the sent cases (``indices`` over the whole sweep) covered: per part, cases sent of
+    cases; per command, the rows of its covering array and the pairs and triples they cover;
+    the stateful phase's ordered pairs whose every use was sent."""
+    out: dict = {"parts": {}, "commands": {}, "stateful": {}}
+    d = get_dialect(dialect)
+    start = 0
+    combo = prepare(dialect, draws=draws, local_only=local_only).combinatorial
+    for part, cases, n in parts(dialect, draws=draws, local_only=local_only):
+        mine = [k - start for k in indices if start <= k < start + n]
+        out["parts"][part] = [len(mine), n]
+        if part == "combinatorial":
+            rows: dict[str, list[int]] = {}
+            for k in mine:
+                cmd, covered = combo.cases[k].covers
+                rows.setdefault(cmd, []).extend(covered)
+            for cmd, dsg in combo.designs.items():
+                out["commands"][cmd] = interactions.coverage(dsg, rows.get(cmd, []))
+        elif part == "stateful":
+            per_pair: dict[str, list[int]] = {}
+            for k, c in enumerate(cases):
+                per_pair.setdefault(c.covers[0], []).append(k)
+            done = set(mine)
+            complete = [p for p, ks in per_pair.items() if all(k in done for k in ks)]
+            out["stateful"] = {"pairs": [len(complete), len(stateful.pairs_possible(d))],
+                               "uses": len(stateful.uses(d))}
+        start += n
+    return out
