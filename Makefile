@@ -14,7 +14,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,build]'
+	$(BIN)/python -m pip install -q -e '.[test,build,package]'
 	touch $@
 
 install: $(STAMP)

@@ -25,6 +25,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import data_root
 from ..proto.dialects import DIALECTS
 from .cache import peers_dir
 from .errors import PeerError, PeerNotFound
@@ -32,8 +33,6 @@ from .packages import parse_spec, spec_name
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PIN_KINDS = ("sdist", "wheel")
-# Paths of patches in pins.toml are relative to the project root (where patches/ lives).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCH_KEY_HEX = 16
 
 # sanitizer name (as -fsanitize= takes it) -> its tag in peer names
@@ -58,6 +57,13 @@ def parse_sanitizers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
         if clash <= names:
             raise PeerError(f"sanitizers {' and '.join(sorted(clash))} cannot be combined")
     return tuple(sorted(names))
+
+
+def _patch_file(patch: str) -> Path:
+    """A patch file of a pin: an absolute path as given, a relative one (pins.toml's rows)
+    in the data shipped with the harness (harness/data), so an installed wheel finds it."""
+    path = Path(patch).expanduser()
+    return path if path.is_absolute() else data_root() / path
 
 
 def patch_sha256(path: Path) -> str:
@@ -132,8 +138,7 @@ class Pin:
     def patch_path(self) -> Path | None:
         if not self.patch:
             return None
-        path = Path(self.patch).expanduser()
-        return path if path.is_absolute() else PROJECT_ROOT / path
+        return _patch_file(self.patch)
 
     def variant(self, *, sanitize: tuple[str, ...] | str = (), rdma: bool = False) -> "Pin":
         """This pin with sanitizers and/or RDMA added, named ``<name>+asan+rdma``."""
@@ -158,7 +163,7 @@ class Pin:
             raise PeerError(f"patch the release pin, not the variant {self.name}")
         path = Path(patch).expanduser()
         stored = str(path) if path.is_absolute() else str(patch)
-        resolved = path if path.is_absolute() else PROJECT_ROOT / path
+        resolved = _patch_file(stored)
         return dataclasses.replace(
             self, name=name, label=label or f"{self.label}+{name}", base=self.name,
             patch=stored, patch_sha256=patch_sha256(resolved), proto=proto or self.proto,
