@@ -13,6 +13,7 @@ from rich.table import Table
 from .data import default_matrix
 from .history.cli import history_app, reports_app, site_command
 from .impls.cli import peers_app, yes_or_dash as _yn
+from .pr.cli import pr_command
 from .proto.dialects import NEWEST, PRIMARY
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -498,6 +499,7 @@ app.add_typer(peers_app, name="peers")
 app.add_typer(history_app, name="history")
 app.add_typer(reports_app, name="reports")
 app.command("site")(site_command)
+app.command("pr")(pr_command)
 
 
 @app.command()
