@@ -2,6 +2,7 @@
 #   make matrix   - build the real peers, run the interoperability matrix, write reports/
 #   make test     - build the real peers, run the whole test suite (fast, slow and real-peer)
 # Everything else installs from PyPI into .venv; peers are cached in the user cache dir.
+#   make docs     - the documentation site (docs/, mkdocs.yml) into build/docs, links checked
 
 PY ?= python3
 VENV ?= .venv
@@ -9,12 +10,12 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: matrix test test-fast peers install system-deps lint-workflows clean
+.PHONY: matrix test test-fast peers install system-deps lint-workflows docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,build,package]'
+	$(BIN)/python -m pip install -q -e '.[test,build,docs,package]'
 	touch $@
 
 install: $(STAMP)
@@ -69,6 +70,14 @@ lint-workflows:
 	elif [ "$${CI:-}" = true ] || [ "$${CI:-}" = 1 ] || [ "$${GGML_RPC_HARNESS_STRICT:-}" = 1 ]; then \
 	  echo "lint-workflows: node/npm not found and CI is strict: apt-get install nodejs npm (.ci/system-deps)" >&2; exit 1; \
 	else echo "lint-workflows: node/npm not found, workflows not linted (outside CI)"; fi
+
+# Strict: any warning (a link to a missing page or anchor, a page outside the nav) fails the
+# build; then every internal link and anchor of the built HTML must resolve (no network).
+# 404.html is skipped: its links are root-absolute by design (it is served for any path).
+DOCS_OUT ?= build/docs
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict --site-dir $(DOCS_OUT)
+	$(BIN)/python -m harness.site.links $(DOCS_OUT) --skip 404.html
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

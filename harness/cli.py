@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from .data import default_matrix
 from .history.cli import history_app, reports_app, site_command
@@ -62,8 +62,6 @@ def dialects(
     evidence for both (one row of harness/proto/dialects.py each)."""
     import json
     from dataclasses import asdict
-
-    from rich.table import Column
 
     from .proto import DIALECTS, PRIMARY
 
@@ -296,7 +294,7 @@ def list_cells(
         print(json.dumps([{**c.to_dict(), "expected": describe(expectation_for(m, c))}
                           for c in cells], indent=1))
         return
-    t = Table("cell", "expected")
+    t = Table(Column("cell", no_wrap=True), "expected")
     for c in cells:
         t.add_row(c.id, describe(expectation_for(m, c)))
     console.print(t)

@@ -149,3 +149,31 @@ def test_elided_payloads_are_marked_not_hashed(tmp_path):
     assert doc["fields"]["tensor"]["name"] == "w"
     [_, line] = iter_lines(tmp_path / "elided.rpct")
     assert line.endswith("data=4000B [not all bytes captured]")
+
+
+def test_a_passing_cells_transcript_with_hashed_payloads_decodes(tmp_path, monkeypatch):
+    """A passing cell keeps long payloads as their length and SHA-256 (transcript format 2):
+    `harness decode` reads it like any other (it refused it as 'neither a pcap nor a
+    transcript'), gzip-compressed as the matrix writes it."""
+    import gzip
+
+    from harness.capture import decode as decode_mod
+    from harness.capture.proxy import compact
+    from harness.capture.transcript import MAGIC, MAGIC_HASHED
+
+    d = get_dialect("7.0.0")
+    st = pack_request(d, SetTensorRequest(tensor=RpcTensor.make(id=1, ne=(4096,), name="w"),
+                                          data=bytes(range(256)) * 64))
+    tr = Transcript(meta={"t_open": 0.0})
+    tr.add(0.1, C2S, st)
+    small = compact(tr, 0, head_bytes=512, heads_keep=1 << 20, hash_elided=True)
+    small.save(tmp_path / "plain.rpct")
+    (tmp_path / "conn0.rpct").write_bytes(gzip.compress((tmp_path / "plain.rpct").read_bytes()))
+    assert MAGIC_HASHED.encode() in gzip.decompress((tmp_path / "conn0.rpct").read_bytes())[:200]
+    [header, line] = _decode(str(tmp_path / "conn0.rpct"))
+    assert header.startswith("# connection 0") and "C->S SET_TENSOR" in line, line
+    assert "data=16384B" in line
+    # planted: the reader as it was, taking format 1 only
+    monkeypatch.setattr(decode_mod, "FORMATS", (MAGIC,))
+    with pytest.raises(ValueError, match="neither a pcap nor a ggml-rpc transcript"):
+        list(iter_lines(tmp_path / "conn0.rpct"))

@@ -1,7 +1,9 @@
 """The results site and its history: three real matrix runs (the third with a planted verdict
 change), two real fuzz campaigns, a bench run and a bisect, filed into the history store by
 the commands that made them, then `harness site`: the index shows the change, the cell's
-strip shows it, every internal link resolves, and a real Chromium reads the pages."""
+strip shows it, a cell page shows its evidence inline (verdict facts, checks, the decoded
+exchange; a real model-load cell its load table and plot), every transcript has a decoded
+page, every internal link resolves, and a real Chromium reads the pages."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from harness.history import store
 from harness.history.errors import HistoryError
 from harness.history.ingest import file_report, records_from
 from harness.report import browser
+from harness.report.html_report import outcome_text
 from harness.site import pages
 from harness.site.links import broken_links
 from harness.strictness import TOOL_MISSING
@@ -203,6 +206,141 @@ def test_a_real_browser_reads_the_index_a_build_and_a_cell(history_site):
                         (site / "builds" / f"{pages.slug('ref-7')}.html", ["7.0.0"]),
                         (site / "cells" / f"{pages.slug(cell_id)}.html", ["fail", "pass"])):
         assert browser.check_report(page, expect_text=words) == [], page
+
+
+# ------------------------------------------------------------------ the evidence, inline
+def _cell_dir(run: Path, pair: str) -> Path:
+    rows = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
+    return run / next(r["folder"] for r in rows if r["pair"] == pair)
+
+
+def _evidence_problems(page: str, cell_dir: Path) -> list[str]:
+    """What a cell page fails to show of its evidence (empty: all of it, inline)."""
+    problems = []
+    listing = (cell_dir / "transcript.txt").read_text().splitlines()
+    head = pages.esc("\n".join(listing[:min(len(listing), 40)]))
+    if "<pre class='exchange'>" not in page or head not in page:
+        problems.append("the decoded exchange (transcript.txt) is not inline")
+    verdict = json.loads((cell_dir / "verdict.json").read_text())
+    for check in verdict["checks"]:
+        if pages.esc(check["name"]) not in page:
+            problems.append(f"check {check['name']!r} not shown")
+    if f"<th>observed</th><td>{pages.esc(outcome_text(verdict))}</td>" not in page:
+        problems.append("the observed outcome (who rejected whom, the message) not shown")
+    for rpct in sorted(cell_dir.glob("conn*.rpct")):
+        if f"{rpct.name}.html'>" not in page:
+            problems.append(f"{rpct.name}: no link to its decoded page")
+    return problems
+
+
+def test_a_cell_page_shows_the_verdict_and_the_decoded_exchange(history_site):
+    site, runs = history_site["site"], history_site["runs"]
+    cell_id = _cell_id(runs[2], "new-client/old-server")
+    page = (site / "cells" / f"{pages.slug(cell_id)}.html").read_text()
+    cell_dir = _cell_dir(runs[2], "new-client/old-server")
+    assert _evidence_problems(page, cell_dir) == []
+    # the planted failure's facts come first: what was expected, what happened, who said it
+    facts = page[page.index("<h2>Evidence</h2>"):]
+    assert "<th>expected</th><td>works</td>" in facts
+    assert "client ref-9 rejected server ref-7: " in facts and "version mismatch: 7.0.0" in facts
+    # each transcript has a decoded page beside it, not bytes
+    conn0 = (site / "runs").glob(f"*/{cell_dir.relative_to(runs[2]).as_posix()}/conn0.rpct.html")
+    decoded = next(conn0).read_text()
+    assert re.search(r"\+[\d.]+ +C-&gt;S HELLO", decoded), decoded[-2000:]
+    assert "href='conn0.rpct'>raw file</a>" in decoded
+
+
+def test_a_cell_page_of_file_names_only_is_caught(history_site, tmp_path, monkeypatch):
+    """Planted: cell pages that list the evidence's file names (what they did) fail the
+    check the test above passes."""
+    from harness.site import cells
+    from harness.site.build import build_site
+
+    def names_only(site_dir, run_folder, cell_folder, depth):
+        root = site_dir / run_folder / cell_folder
+        return "".join(f"<li><a href='{'../' * depth}{run_folder}/{cell_folder}/{p.name}'>"
+                       f"{p.name}</a></li>" for p in sorted(root.iterdir())
+                       if p.is_file() and not p.name.endswith(".html"))
+    monkeypatch.setattr(cells, "cell_evidence", names_only)
+    runs = history_site["runs"]
+    _, broken = build_site(runs, tmp_path / "planted")
+    assert broken == []
+    cell_id = _cell_id(runs[2], "new-client/old-server")
+    page = (tmp_path / "planted" / "cells" / f"{pages.slug(cell_id)}.html").read_text()
+    problems = _evidence_problems(page, _cell_dir(runs[2], "new-client/old-server"))
+    assert any("not inline" in p for p in problems), problems
+    assert any("check" in p for p in problems) and any("decoded page" in p for p in problems)
+
+
+def test_a_transcript_page_escapes_what_it_decodes(tmp_path, monkeypatch):
+    from harness.capture.transcript import C2S, Transcript
+    from harness.proto import RpcTensor, get_dialect, pack_request
+    from harness.proto.messages import SetTensorRequest
+    from harness.site import cells
+
+    name = "<script>alert(1)</script>"
+    tr = Transcript(meta={"t_open": 0.0})
+    tr.add(0.1, C2S, pack_request(get_dialect("7.0.0"), SetTensorRequest(
+        tensor=RpcTensor.make(id=1, ne=(4,), name=name), data=bytes(16))))
+    tr.save(tmp_path / "conn0.rpct")
+    assert cells.render_transcripts(tmp_path, tmp_path) == 1
+    page = (tmp_path / "conn0.rpct.html").read_text()
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and name not in page
+    (tmp_path / "bad.rpct").write_bytes(b"\x1f\x8bnot gzip at all")
+    assert cells.render_transcripts(tmp_path, tmp_path) == 2  # a damaged file says so
+    assert "could not decode" in (tmp_path / "bad.rpct.html").read_text()
+    # planted: the listing written unescaped
+    monkeypatch.setattr(cells, "esc", lambda v: str(v))
+    cells.render_transcripts(tmp_path, tmp_path)
+    assert name in (tmp_path / "conn0.rpct.html").read_text()
+
+
+MODEL_LOAD = {
+    "version": 1,
+    "defaults": {"deadline": 180, "idle_timeout": 60, "workers": 1},
+    "implementations": {"llama-7": {"kind": "pin", "pin": "p7", "proto": "7.0.0"}},
+    "designs": {"model": {"roles": {"old-client": "llama-7", "new-client": "llama-7",
+                                    "old-server": "llama-7", "new-server": "llama-7"}}},
+    "scenarios": ["model-load"],
+    "cache_options": {"model-load": [False]},
+    "expectations": [{"outcome": "works"}],
+}
+
+
+@pytest.mark.realpeer
+def test_a_model_load_cell_page_shows_its_load_table_plot_and_exchange(tmp_path):
+    """One real model-load cell (llama-simple of p7 loading the generated model from p7's
+    server, about 10 s): its page has the load table, load.png inline and the exchange."""
+    from test_realclient_support import require_peer_dir
+
+    from harness.report.load_table import HEADERS
+
+    require_peer_dir(llama_simple=True)
+    reports = tmp_path / "reports"
+    spec = tmp_path / "model.yaml"
+    spec.write_text(yaml.safe_dump(MODEL_LOAD, sort_keys=False))
+    proc = _harness("run", "old-client", "old-server", "--matrix", str(spec), "--out",
+                    str(reports))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = reports.glob("run-*")
+    proc = _harness("site", str(run), "--out", str(tmp_path / "site"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]  # links resolve
+    cell_id = _cell_id(run, "old-client/old-server")
+    page_path = tmp_path / "site" / "cells" / f"{pages.slug(cell_id)}.html"
+    page = page_path.read_text()
+    cell_dir = _cell_dir(run, "old-client/old-server")
+    assert _evidence_problems(page, cell_dir) == []
+    assert "<table class='load'>" in page and all(pages.esc(h) in page for h in HEADERS)
+    verdict = json.loads((cell_dir / "verdict.json").read_text())
+    [load_run] = verdict["facts"]["load_runs"]
+    assert f"<td class='num'>{load_run['set_tensor']}</td>" in page  # the row, from the wire
+    img = re.search(r"<img class='load' src='([^']+)'", page)
+    assert img and img.group(1).endswith("/load.png"), page[-3000:]
+    assert (page_path.parent / img.group(1)).resolve().is_file()
+    if browser.find_chromium() is not None:
+        assert browser.check_report(page_path, expect_text=["model-load", "upload span"]) == []
+    elif browser.chromium_required():
+        pytest.fail(f"{browser.REQUIRE_ENV} is set (or CI is strict) but no chromium")
 
 
 # ------------------------------------------------------------------ the store on its own

@@ -144,14 +144,19 @@ def test_a_missing_matrix_is_named_with_the_way_out(installed):
     assert "nowhere.yaml: no such file" in done.stdout and "harness init" in done.stdout
 
 
-def test_run_a_reference_only_cell(installed):
-    # no-bump's new client and new server are both the reference 7.0.0+flags peer
-    out = installed.work / "reports-run"
-    done = installed.harness("run", "new-client", "new-server", "--design", "no-bump",
+def _run_no_bump_handshake(installed: Installed, client_role: str) -> list[dict]:
+    """`harness run CLIENT_ROLE new-server --design no-bump --scenario handshake`: its rows."""
+    out = installed.work / f"reports-{client_role}"
+    done = installed.harness("run", client_role, "new-server", "--design", "no-bump",
                              "--scenario", "handshake", "--out", str(out))
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     [results] = out.glob("*/results.jsonl")
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    return [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def test_run_a_reference_only_cell(installed):
+    # no-bump's new client and new server are both the reference 7.0.0+flags peer
+    rows = _run_no_bump_handshake(installed, "new-client")
     seen = {(r["client"], r["server"], r["verdict"]) for r in rows}
     assert seen == {("ref-7f", "ref-7f", "pass")}
     assert len(rows) == 2  # handshake with the server cache off and on
@@ -207,10 +212,5 @@ def test_a_real_peer_cell_runs_from_the_wheel(installed):
     """The issue's first criterion: no-bump's old client is the real 7.0.0 build (p7, from the
     shared peer cache) against the reference 7.0.0+flags server."""
     peer("p7")
-    out = installed.work / "reports-real"
-    done = installed.harness("run", "old-client", "new-server", "--design", "no-bump",
-                             "--scenario", "handshake", "--out", str(out))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    [results] = out.glob("*/results.jsonl")
-    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    rows = _run_no_bump_handshake(installed, "old-client")
     assert rows and {(r["client"], r["verdict"]) for r in rows} == {("llama-7", "pass")}

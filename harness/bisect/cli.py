@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..impls.catalogue import builds_between, release_pin
 from ..impls.errors import ImplError
@@ -105,7 +105,10 @@ def _result_of(result) -> str:
 
 
 def _print_table(console: Console, result) -> None:
-    t = Table("build", "class", "proto", "probe", "result", "seconds")
+    # the build stays whole at 80 columns; the others fold rather than end in "…"
+    t = Table(Column("build", no_wrap=True), Column("class", overflow="fold"),
+              Column("proto", no_wrap=True), Column("probe", overflow="fold"),
+              Column("result", overflow="fold"), Column("seconds", no_wrap=True))
     for p in sorted(result.probes, key=lambda p: p.index):
         t.add_row(p.build, p.klass or "?", p.proto or "?", p.status, p.result or "-",
                   f"{p.seconds:.1f}")

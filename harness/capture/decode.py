@@ -22,10 +22,13 @@ from ..proto.session import Exchange, Session
 from ..proto.tensor import RpcTensor
 from . import compressed
 from .scapy_layer import StreamView, frame_spans
-from .transcript import C2S, S2C, MAGIC, Transcript
+from .transcript import C2S, MAGIC, MAGIC_HASHED, S2C, Transcript
 
 INLINE_BYTES = 64  # longer byte fields are shown as length + FNV-1a hash
 ARROWS = {C2S: "C->S", S2C: "S->C"}
+# every transcript format this reader takes: 2 is what a passing matrix cell keeps (long
+# payloads as their length and SHA-256), so `harness decode` must read it as well as 1
+FORMATS = (MAGIC, MAGIC_HASHED)
 _TENSOR_FLAGS = ((1, "INPUT"), (2, "OUTPUT"), (4, "PARAM"), (8, "LOSS"), (16, "COMPUTE"))
 
 
@@ -55,7 +58,7 @@ def load_transcripts(path: str | Path, *, server_port: int | None = None) -> lis
         head = compressed.head(path, 200)
     except (OSError, EOFError) as e:
         raise ValueError(f"{Path(path).name}: damaged compressed file: {e}") from None
-    if MAGIC.encode() not in head:
+    if not any(m.encode() in head for m in FORMATS):
         raise ValueError(f"{Path(path).name}: neither a pcap nor a ggml-rpc transcript")
     return [Transcript.load(path)]
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 console = Console()
 
@@ -53,7 +53,7 @@ def print_peer_table(rows: list[dict], cache: Path) -> None:
     """The peer table, readable at 80 columns: pins by their cache entry's name (its full
     path is in the caption), user builds by their home-relative bin dir, and the reason
     where a peer is not built. The proto column says whether the build was verified."""
-    t = Table("name", "release", "proto", "built", "cache entry / reason",
+    t = Table(Column("name", no_wrap=True), "release", "proto", "built", "cache entry / reason",
               caption=f"entries in {_home_short(str(cache))}; full paths: --paths",
               caption_justify="left")
     for r in rows:
@@ -126,7 +126,7 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
                               progress=RichBuildProgress(console), jobs=jobs or None, force=force)
     except ImplError as e:
         raise typer.BadParameter(str(e))
-    t = Table("pin", "result", "proto", "seconds", "where / why")
+    t = Table(Column("pin", no_wrap=True), "result", "proto", "seconds", "where / why")
     failed = False
     for pin_name, out in outcomes.items():
         # --all: a pin this machine cannot run, or that has no such variant, is no error

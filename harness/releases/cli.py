@@ -7,7 +7,7 @@ import json
 from collections.abc import Iterable
 
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from ..impls.build import build_pin
 from ..impls.catalogue import Build, builds_between, classes, list_builds, newest, scan
@@ -42,10 +42,15 @@ def _proto(build: Build) -> str:
 
 
 def build_table(builds: list[Build], title: str) -> Table:
-    t = Table("build", "llama.cpp", "uploaded", "proto", "class", "built", "commit", "changed",
-              title=title, caption="proto* read from ggml-rpc.h, not yet verified on the wire;"
-                                   " changed: RPC files that differ from the previous class",
-              caption_justify="left")
+    # the key column stays whole at 80 columns (no_wrap); the others fold first, so a narrow
+    # terminal shows every value on more lines rather than "b107…"
+    fold = {h: Column(h, overflow="fold") for h in ("llama.cpp", "uploaded", "class", "commit",
+                                                     "changed")}
+    t = Table(Column("build", no_wrap=True), fold["llama.cpp"], fold["uploaded"],
+              Column("proto", no_wrap=True), fold["class"], Column("built", no_wrap=True),
+              fold["commit"], fold["changed"], title=title,
+              caption="proto* read from ggml-rpc.h, not yet verified on the wire; changed: RPC "
+                      "files that differ from the previous class", caption_justify="left")
     previous = None
     for b in builds:
         changed = changed_parts(previous, b)
@@ -58,8 +63,8 @@ def build_table(builds: list[Build], title: str) -> Table:
 
 
 def summary_table(per_package: dict[str, list[Build]]) -> Table:
-    t = Table("package", "builds", "versions (newest uploaded)", "built", "read", "classes",
-              "protos seen")
+    t = Table(Column("package", no_wrap=True), "builds", "versions (newest uploaded)", "built",
+              "read", "classes", "protos seen")
     for package, builds in per_package.items():
         listed = [b for b in builds if b.file is not None]
         protos = sorted({b.proto for b in builds if b.proto}, key=lambda v: tuple(

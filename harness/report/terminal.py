@@ -61,9 +61,11 @@ def releases_grid(d: pd.DataFrame) -> Table:
         v = r["verdict"]
         return Text(f"{SYMBOL[v]} {TERSE.get(text(r['observed']), '-')}",
                     style=INK[v] if v != "pass" else "")
+    # fold, not no_wrap: with --with builds the server columns give way at 80 columns, never
+    # the row's build name (every column no_wrap made rich cut the key and drop columns)
     return _rich_grid(d, "client", "server", "releases: rows client, columns server build "
                       "(✔ = as the version rule predicts; rej = rejected at HELLO)", "", cell,
-                      no_wrap=True)
+                      overflow="fold")
 
 
 def print_summary(console: Console, df: pd.DataFrame, run_dir: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from ..history import ingest, store
 from ..history.errors import HistoryError
-from . import pages
+from . import cells, pages
 from .links import broken_links
 from .model import Site
 
@@ -97,6 +97,7 @@ def build_site(folders: list[Path], out: Path, *, history: Path | None = None,
         if dest.exists():
             shutil.rmtree(dest)
         _copy_run(folder, dest, kind, found, evidence)
+        cells.render_transcripts(out, dest)  # before the listings, so they link the pages
         _index_directories(dest)
         for r in found:
             folders_in_site.setdefault(r.run_id, rel)
@@ -115,7 +116,7 @@ def build_site(folders: list[Path], out: Path, *, history: Path | None = None,
         (out / sub).mkdir(exist_ok=True)
     for cell_id in site.by_cell:
         (out / "cells" / f"{pages.slug(cell_id)}.html").write_text(
-            pages.cell_page(site, out, cell_id))
+            cells.cell_page(site, out, cell_id))
     for name in site.builds:
         (out / "builds" / f"{pages.slug(name)}.html").write_text(pages.build_page(site, name))
     return site, broken_links(out)

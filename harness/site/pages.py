@@ -13,14 +13,12 @@ import datetime as _dt
 import hashlib
 import html
 import re
-from pathlib import Path
 
 from ..history.store import CampaignRecord, CellRecord
 from ..report.glyphs import COLOUR, INK, VERDICTS, svg_defs, svg_glyph
 from .model import Site
 
 INITIAL = {"pass": "P", "fail": "F", "crash": "C", "hang": "H", "error": "E", "skip": "S"}
-MAX_LISTED_FILES = 200  # artefacts listed per cell page
 CSS = ("body{font-family:'DejaVu Sans',sans-serif;margin:1.5em 2em;color:#111;max-width:100em}"
        "nav a{margin-right:1.2em}table{border-collapse:collapse;margin:.5em 0 1.5em}"
        "td,th{border:1px solid #999;padding:3px 7px;vertical-align:top;font-size:13px}"
@@ -30,7 +28,9 @@ CSS = ("body{font-family:'DejaVu Sans',sans-serif;margin:1.5em 2em;color:#111;ma
        ".strip a{display:inline-block;text-decoration:none;color:#111;margin-right:2px;"
        "padding:1px 2px;border:1px solid #bbb}.strip small{font-size:10px}"
        "ul.cells{list-style:none;margin:0;padding:0}ul.cells li{white-space:nowrap}"
-       "small{color:#333}")
+       "small{color:#333}pre.exchange{font-size:12px;line-height:1.35;background:#f6f6f6;"
+       "border:1px solid #ccc;padding:.5em;overflow:auto;max-height:40em}"
+       "img.load{max-width:100%;height:auto;border:1px solid #ccc}")
 
 
 def esc(value) -> str:
@@ -188,64 +188,6 @@ def _runs_table(site: Site) -> str:
                     f"<td>{report}</td></tr>")
     return ("<h2>Runs</h2><table><tr><th>ended</th><th>run</th><th>cells</th><th>verdicts</th>"
             f"<th>size on disk</th><th>files</th><th></th></tr>{''.join(rows)}</table>")
-
-
-# ---------------------------------------------------------------- a cell
-def strip(site: Site, cell_id: str, depth: int) -> str:
-    items = []
-    for c in site.by_cell.get(cell_id, []):
-        href = (f"{'../' * depth}{site.run_folders[c.run_id]}/matrix.html"
-                if c.run_id in site.run_folders else f"#at-{slug(c.run_id)}")
-        items.append(f"<a href='{href}' title='{esc(c.verdict)} {when(c.time)}'>"
-                     f"{verdict(c.verdict, word=False)}</a>")
-    return f"<span class='strip'>{''.join(items)}</span>"
-
-
-def artefacts(site_dir: Path, run_folder: str, cell_folder: str | None, depth: int) -> str:
-    if not cell_folder:
-        return "<small>no cell folder recorded</small>"
-    root = site_dir / run_folder / cell_folder
-    if not root.is_dir():
-        return "<small>the cell's folder is not in the site</small>"
-    # index.html: the folder listings the site adds for static hosts, not evidence
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != "index.html")
-    if not files:
-        return "<small>not kept in the site (a passing cell; the run folder has it)</small>"
-    links = [f"<li><a href='{'../' * depth}{run_folder}/{cell_folder}/"
-             f"{esc(p.relative_to(root).as_posix())}'>{esc(p.relative_to(root).as_posix())}</a>"
-             f" <small>{p.stat().st_size:,} bytes</small></li>"
-             for p in files[:MAX_LISTED_FILES]]
-    more = (f"<li><small>and {len(files) - MAX_LISTED_FILES} more</small></li>"
-            if len(files) > MAX_LISTED_FILES else "")
-    return f"<ul>{''.join(links)}{more}</ul>"
-
-
-def cell_page(site: Site, site_dir: Path, cell_id: str) -> str:
-    history = site.by_cell[cell_id]
-    last = history[-1]
-    facts = (f"<table><tr><th>design</th><td>{esc(last.design)}</td></tr>"
-             f"<tr><th>scenario</th><td>{esc(last.scenario)}</td></tr>"
-             f"<tr><th>client</th><td><a href='{build_href(last.client, 1)}'>{esc(last.client)}"
-             f"</a> ({esc(last.client_dialect)})</td></tr>"
-             f"<tr><th>server</th><td><a href='{build_href(last.server, 1)}'>{esc(last.server)}"
-             f"</a> ({esc(last.server_dialect)})</td></tr>"
-             f"<tr><th>server cache</th><td>{'on' if last.cache else 'off'}</td></tr>"
-             f"<tr><th>transport</th><td>{esc(last.transport or 'tcp')}</td></tr></table>")
-    rows = []
-    for c in reversed(history):
-        before = site.previous(c)
-        mark = " <b>changed</b>" if before is not None and before.verdict != c.verdict else ""
-        folder = site.run_folders.get(c.run_id)
-        files = artefacts(site_dir, folder, c.folder, 1) if folder else \
-            "<small>run not in the site (history only)</small>"
-        rows.append(f"<tr id='at-{slug(c.run_id)}'><td>{when(c.time)}</td><td>{esc(c.run_id)}"
-                    f"</td><td>{verdict(c.verdict)}{mark}</td><td>{esc(c.observed)}</td><td>"
-                    f"{esc(c.expected)}</td><td>{esc(c.reason)}</td><td>{files}</td></tr>")
-    body = (f"{legend()}<p>Verdict over runs, oldest first: {strip(site, cell_id, 1)}</p>{facts}"
-            "<h2>Runs</h2><table><tr><th>ended</th><th>run</th><th>verdict</th>"
-            "<th>observed</th><th>expected</th><th>why</th><th>evidence (transcripts, "
-            f"pcaps, logs, verdict)</th></tr>{''.join(rows)}</table>")
-    return page(cell_id, body, 1)
 
 
 # ---------------------------------------------------------------- builds
