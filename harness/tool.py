@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from .data import MATRIX, default_matrix
+from .errors import HarnessError
 from .proto.dialects import DIALECTS, PRIMARY
 
 DISTRIBUTION = "ggml-rpc-harness"
@@ -27,7 +28,7 @@ def version_text() -> str:
                       f"primary (held to byte-exactness): {', '.join(PRIMARY)}"])
 
 
-class InitError(Exception):
+class InitError(HarnessError):
     """The copy cannot be written (a matrix is there already, or the folder is not writable)."""
 
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from ..data import default_matrix
+from ..errors import HarnessError
 
 COMPATIBLE, BREAKS, UNTESTED = 0, 1, 2
 PR_DESIGN = "pr"
@@ -81,8 +82,9 @@ class PrResult:
         return {"format": "ggml-rpc-pr/1", **out}
 
 
-class PrError(Exception):
-    """The check cannot start (no such peer, a tree that does not build)."""
+class PrError(HarnessError):
+    """The root of harness.pr's errors: the check cannot start (no such peer, a tree that does
+    not build)."""
 
 
 def judge(result: PrResult) -> tuple[int, str]:
