@@ -128,6 +128,8 @@ def test_the_action_fails_the_seed000_tree_as_a_wire_change_without_a_bump(works
     assert ["HELLO byte 3" in line for line in errors[:2]] == [True, True], done.stdout
     assert "without a version bump" in errors[-1]
     assert len(errors) == 3 + summary.count("`divergence-")
+    # the summary names the report's folders as the artifact unpacks them, no runner paths
+    assert str(out) not in summary and "`site/`" in summary
     assert json.loads((out / "pr.json").read_text())["exit_code"] == 1
 
 

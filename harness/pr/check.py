@@ -128,11 +128,12 @@ def _base(result: PrResult) -> str:
 def base_version(cfg: PrConfig, build: PrBuild) -> tuple[str | None, str, list[str]]:
     """(the base's version or None, where it came from, notes)."""
     from ..impls.source import proto_from_header
+    from ..impls.tools import find_tool
     if cfg.base_proto:
         return cfg.base_proto, "--base-proto", []
     if cfg.base_ref and cfg.source_dir is not None:
         try:
-            done = subprocess.run(["git", "-C", str(cfg.source_dir), "show",
+            done = subprocess.run([find_tool("git") or "git", "-C", str(cfg.source_dir), "show",
                                    f"{cfg.base_ref}:{HEADER}"], capture_output=True, text=True,
                                   timeout=GIT_TIMEOUT, stdin=subprocess.DEVNULL)
         except (subprocess.SubprocessError, OSError) as e:
@@ -311,10 +312,13 @@ def _run_differential(cfg: PrConfig, result: PrResult, say) -> None:
         result.problems.append(f"differential: {e}")
         return
     result.diff_dir = str(folder)
+    # the replay command as run from the report folder (what the artifact unpacks to)
+    here = f"{cfg.out}/"
     result.differential = {
         "a": build.name, "b": f"ref-{build.dialect}", "cases": report["cases"],
         "seconds": report["elapsed_s"], "allow_list": allow.name if allow else None,
-        "divergences": [{k: f.get(k) for k in ("id", "title", "detail", "replay")}
+        "divergences": [{"id": f.get("id"), "title": f.get("title"), "detail": f.get("detail"),
+                         "replay": str(f.get("replay", "")).replace(here, "")}
                         for f in report["findings"]]}
     for problem in [*(e.get("error", str(e)) for e in report["errors"]), *report["problems"]]:
         result.problems.append(f"differential: {problem}")

@@ -56,6 +56,11 @@ def render(result: PrResult) -> str:
     out += _grids(result, name)
     if result.notes:
         out += ["### Notes", ""] + [f"- {_md(n)}" for n in result.notes] + [""]
+    folders = [Path(p).name for p in (result.run_dir, result.diff_dir, result.site_dir) if p]
+    if folders:
+        out += [f"In the report folder: {', '.join(f'`{f}/`' for f in folders)} (every cell's "
+                "transcripts and logs, the differential's reproducers, the results site), "
+                "`pr.json`, `pr.md`.", ""]
     return "\n".join(out) + "\n"
 
 
