@@ -3,6 +3,7 @@ summary and the annotations it writes, the check's own matrix, the base version 
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 
@@ -196,12 +197,32 @@ def repo(tmp_path):
 
 def test_the_base_version_is_read_from_the_base_ref(repo, tmp_path):
     cfg = PrConfig(out=tmp_path / "out", source_dir=repo, base_ref="HEAD^1")
-    assert base_version(cfg, _build("7.1.0"))[:2] == ("7.0.0", "ggml/include/ggml-rpc.h at HEAD^1")
+    assert base_version(cfg)[:2] == ("7.0.0", "ggml/include/ggml-rpc.h at HEAD^1")
     cfg.base_proto = "7.1.0"  # given outright, it wins
-    assert base_version(cfg, _build("7.1.0"))[0] == "7.1.0"
+    assert base_version(cfg)[0] == "7.1.0"
 
 
 def test_an_unreadable_base_ref_falls_back_to_the_table_with_a_note(repo, tmp_path):
     cfg = PrConfig(out=tmp_path / "out", source_dir=repo, base_ref="HEAD~5")
-    version, source, notes = base_version(cfg, _build("7.1.0"))
+    version, source, notes = base_version(cfg)
     assert version is None and source == "" and "could not be read at HEAD~5" in notes[0]
+
+
+# ------------------------------------------------------------------ a check that cannot start
+
+def test_a_tree_that_cannot_be_built_is_reported_not_raised(tmp_path):
+    """The action's summary and annotations still say why (exit 2), from the command line."""
+    from typer.testing import CliRunner
+
+    from harness.cli import app
+    summary = tmp_path / "step-summary.md"
+    done = CliRunner().invoke(app, ["pr", "--source-dir", str(tmp_path / "nothing"), "--out",
+                                    str(tmp_path / "out"), "--summary", str(summary),
+                                    "--annotations"])
+    assert done.exit_code == UNTESTED
+    text = summary.read_text()
+    assert text.startswith("## ⚠ ggml-rpc harness: the pull request's build\n")
+    assert "could not be tested" in text and "not a directory" in text
+    assert "::error title=ggml-rpc%3A could not test::" in done.output
+    assert (tmp_path / "out" / "pr.md").read_text() == text
+    assert json.loads((tmp_path / "out" / "pr.json").read_text())["exit_code"] == UNTESTED

@@ -125,7 +125,7 @@ def _base(result: PrResult) -> str:
     return f" (its base {result.base_version}: {'a bump' if result.bumped else 'no bump'})"
 
 
-def base_version(cfg: PrConfig, build: PrBuild) -> tuple[str | None, str, list[str]]:
+def base_version(cfg: PrConfig) -> tuple[str | None, str, list[str]]:
     """(the base's version or None, where it came from, notes)."""
     from ..impls.source import proto_from_header
     from ..impls.tools import find_tool
@@ -151,8 +151,8 @@ def base_version(cfg: PrConfig, build: PrBuild) -> tuple[str | None, str, list[s
 
 def run_pr(cfg: PrConfig, *, console=None, progress=None,
            say: Callable[[str], None] = print) -> PrResult:
-    """The whole check; never raises for what it finds (the result says it), only PrError
-    for a check that cannot start."""
+    """The whole check. It raises for nothing it finds, nor when it cannot start (a tree that
+    does not build, a peer that is missing): the result says which, with its exit status."""
     result = PrResult(build=None)
     cfg.out.mkdir(parents=True, exist_ok=True)
     try:
@@ -163,7 +163,7 @@ def run_pr(cfg: PrConfig, *, console=None, progress=None,
         _write(cfg.out, result)
         return result
     build = result.build
-    result.base_version, result.base_from, notes = base_version(cfg, build)
+    result.base_version, result.base_from, notes = base_version(cfg)
     result.notes += notes
     result.bumped = (build.version != result.base_version) if result.base_version \
         else not build.known

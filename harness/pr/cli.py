@@ -64,7 +64,7 @@ def pr_command(
     from .summary import annotations, render
 
     try:
-        seconds = parse_duration(duration) if duration.strip() != "0" else 0.0
+        seconds = parse_duration(duration)
     except ValueError as e:
         raise typer.BadParameter(str(e), param_hint="--duration") from None
     # an action passes every input, empty ones as "": empty is unset, lists split on spaces
