@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,build,docs]'
+	$(BIN)/python -m pip install -q -e '.[test,build,docs,package]'
 	touch $@
 
 install: $(STAMP)

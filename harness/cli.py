@@ -10,8 +10,10 @@ import typer
 from rich.console import Console
 from rich.table import Column, Table
 
+from .data import default_matrix
 from .history.cli import history_app, reports_app, site_command
 from .impls.cli import peers_app, yes_or_dash as _yn
+from .pr.cli import pr_command
 from .proto.dialects import NEWEST, PRIMARY
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -19,9 +21,37 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
 console = Console()
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from .tool import version_text
+        typer.echo(version_text())
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(
+    version: bool = typer.Option(False, "--version", is_eager=True, callback=_print_version,
+                                 help="Print the harness version and the dialects it speaks."),
+) -> None:
     """Protocol test harness and interoperability matrix for ggml-rpc."""
+
+
+@app.command()
+def init(
+    directory: Path = typer.Argument(Path("."), help="Where matrix.yaml goes."),
+    force: bool = typer.Option(False, "--force", help="Replace a matrix.yaml that is there."),
+):
+    """Write an editable copy of the default matrix (DIRECTORY/matrix.yaml); pass it to any
+    command with --matrix."""
+    from .tool import InitError, init_matrix
+
+    try:
+        written = init_matrix(directory, force=force)
+    except InitError as e:
+        console.print(f"[red]{e}", highlight=False)
+        raise typer.Exit(1)
+    console.print(f"wrote {written}: change it, then e.g. `harness list --matrix {written}`",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -96,7 +126,14 @@ def serve(
     run_server(config, host=host, port=port, serial=serial, idle_timeout=idle_timeout)
 
 
-DEFAULT_MATRIX = Path("matrix.yaml")
+DEFAULT_MATRIX = default_matrix()
+
+
+def _matrix_option(help: str = "matrix.yaml to read.") -> Path:
+    return typer.Option(DEFAULT_MATRIX, "--matrix", help=help,
+                        show_default="shipped with the harness; `harness init` copies it")
+
+
 DELIVER_HELP = ("Fault-injecting delivery in front of every server: chop (every frame cut at "
                 "each field edge, small frames at every byte), chop:N, random:SEED[:MAX], with "
                 "options ,delay=MS ,truncate=N ,hello_flags=V ,cache_flag=V.")
@@ -149,7 +186,8 @@ def _load_matrix(path: Path):
         console.print(f"[red]{e}", highlight=False)
         raise typer.Exit(2)
     except FileNotFoundError:
-        console.print(f"[red]{path}: no such file (run from the repository or pass --matrix)")
+        console.print(f"[red]{path}: no such file (pass a matrix to --matrix; `harness init` "
+                      "writes one)", highlight=False)
         raise typer.Exit(2)
 
 
@@ -226,7 +264,7 @@ def _check_designs(m, design: list[str]) -> None:
 
 @app.command("list")
 def list_cells(
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="matrix.yaml to read."),
+    matrix_file: Path = _matrix_option(),
     as_json: bool = typer.Option(False, "--json", help="JSON, one object per cell (for CI fan-out)."),
     releases: bool = typer.Option(False, "--releases", help="Include the releases matrix."),
     with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP),
@@ -270,7 +308,7 @@ def run(
     design: list[str] = typer.Option([], "--design", help="bump / no-bump (default: all)."),
     scenario: list[str] = typer.Option([], "--scenario", help="Scenario id (repeatable)."),
     transport: list[str] = typer.Option([], "--transport", help=TRANSPORT_HELP),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
     out: Path = typer.Option(Path("reports"), "--out", help="Where run folders go."),
     workers: Optional[int] = typer.Option(None, help="Cells in parallel."),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
@@ -303,7 +341,7 @@ def matrix(
     with_builds: list[str] = typer.Option([], "--with", help=WITH_HELP + " Built first."),
     shard: Optional[str] = typer.Option(None, "--shard", help="I/N: run only shard I of N of "
                                         "the cells (every N-th; a CI job of a fan-out)."),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
     out: Path = typer.Option(Path("reports"), "--out"),
     workers: Optional[int] = typer.Option(None),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
@@ -369,7 +407,7 @@ def diff(
 def profile(
     design: list[str] = typer.Option([], "--design", help="Designs to profile (default: all)."),
     size: str = typer.Option("1G", help="Total weights per upload (e.g. 256M, 1G)."),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
     out: Path = typer.Option(Path("reports"), "--out"),
 ):
     """Model-sized weight upload through every cell, cache off and on: where the time goes."""
@@ -384,7 +422,7 @@ def profile(
 @app.command()
 def cell(
     cell_id: str = typer.Argument(..., help="A cell id or slug from `harness list --json`."),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
     out: Path = typer.Option(Path("reports"), "--out"),
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
@@ -409,8 +447,8 @@ def report(
                                   "(e.g. downloaded CI artifacts)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Where to write (default: FOLDER)."),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix", help="Its allowed_skips "
-                                     "apply too (when the file is there)."),
+    matrix_file: Path = _matrix_option("Its allowed_skips apply too (when the file "
+                                                  "is there)."),
     run_id: Optional[str] = typer.Option(None, "--run-id", help="One run id for every cell "
                                          "(CI shards each had their own), as the history "
                                          "and the site will file them."),
@@ -459,6 +497,7 @@ app.add_typer(peers_app, name="peers")
 app.add_typer(history_app, name="history")
 app.add_typer(reports_app, name="reports")
 app.command("site")(site_command)
+app.command("pr")(pr_command)
 
 
 @app.command()
@@ -685,9 +724,10 @@ def watch(
                                  "build."),
     seed: int = typer.Option(0, "--seed", help="The differential sessions' seed."),
     reproducers: Optional[Path] = typer.Option(None, "--reproducers", help="Saved reproducers "
-                                               "to replay (default fixtures/reproducers)."),
+                                               "to replay (default: the ones shipped with the "
+                                               "harness)."),
     package: list[str] = typer.Option([], "--package", help="Watch only these packages."),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
 ):
     """The release watch: build the newest build of every package, run the releases design
     with them, a differential of each against the reference of its dialect, and every saved
@@ -744,7 +784,7 @@ def bisect_builds(
                                  "build from a measured build of its equivalence class."),
     timeout: float = typer.Option(600.0, "--probe-timeout", help="Seconds for one --run or "
                                   "--differential probe."),
-    matrix_file: Path = typer.Option(DEFAULT_MATRIX, "--matrix"),
+    matrix_file: Path = _matrix_option(),
     out: Optional[Path] = typer.Option(None, "--out", help="Where bisect.json and bisect.md go "
                                        "(default reports/bisect-<time>)."),
 ):

@@ -99,7 +99,7 @@ def lib_dir() -> Path:
 @pytest.fixture(scope="module")
 def builds() -> dict[str, Path]:
     """Bin dirs of seed 000's two generations, both with -DGGML_RPC_RDMA=ON: old = p7,
-    new = p7 + patches/seed000-server-flags.patch."""
+    new = p7 + harness/data/patches/seed000-server-flags.patch."""
     return {"old": rdma_peer_dir("p7"), "new": rdma_peer_dir("p7", SEED000_PATCH)}
 
 

@@ -8,10 +8,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from harness.data import shipped
 from harness.capture.transcript import C2S, S2C, Chunk, Transcript
 
 ROOT = Path(__file__).resolve().parent.parent
-VECTORS = ROOT / "fixtures" / "vectors"
+VECTORS = shipped("vectors")
 GOLDEN = ROOT / "fixtures" / "transcripts"
 GOLDEN_NAMES = ("happy_nocache", "cache")
 

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+from harness.data import shipped
 from harness.conformance import comm
 from harness.conformance.comm import (PAIR_CASES, mixed_servers, real_pair, real_servers,
                                       reference_servers, run_pair_case)
@@ -27,8 +28,7 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDING = json.loads((ROOT / "fixtures/vectors/conformance-comm-8.0.0.json").read_text())
+RECORDING = json.loads(shipped("vectors", "conformance-comm-8.0.0.json").read_text())
 CASES = {c.id: c for c in PAIR_CASES}
 
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
-from pathlib import Path
 
 import pytest
 
+from harness.data import shipped
 from harness.conformance.cases import CATALOGUE_WIRE
 from harness.conformance.raw import CLOSED, OPEN, RawSession
 from harness.conformance.check import cases_for, run_all, run_case
@@ -19,8 +19,7 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
-ROOT = Path(__file__).resolve().parents[1]
-RECORDING = json.loads((ROOT / "fixtures/vectors/conformance-8.0.0.json").read_text())
+RECORDING = json.loads(shipped("vectors", "conformance-8.0.0.json").read_text())
 
 
 def _wrong(results):

@@ -4,19 +4,17 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
+from harness.data import default_matrix
 from harness.capture.canonical import command_differences, first_divergence
 from harness.capture.differ import diff_cells
 from harness.matrix.cells import expand
 from harness.matrix.model import load_matrix
 from harness.matrix.execute import run_cells
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def test_silent_cache_loss_shows_in_the_diff(tmp_path):
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     m.designs["no-bump-ref"].transports = ["tcp"]
     cells = [c for c in expand(m, designs=["no-bump-ref"], scenarios=["weights-cache"])
              if c.cache and c.client_role == "new-client"]

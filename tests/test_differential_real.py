@@ -9,14 +9,12 @@ fails the test with its reproducer listed (replay it with the command in the mes
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
+from harness.data import shipped
 from harness.fuzz.differential import DifferentialConfig, run_differential
 from harness.fuzz.sweep import size as sweep_size
 
-ROOT = Path(__file__).resolve().parents[1]
 PAIRS = {"p7": ("ref-7.0.0", "allow-7.0.0.yaml"),
          "p8": ("ref-8.0.0", "allow-8.0.0.yaml"),
          "p7f": ("ref-7.0.0+flags", "allow-7.0.0+flags.yaml")}
@@ -41,7 +39,7 @@ def test_real_server_and_reference_show_no_unlisted_divergence(real, tmp_path):
     ref, allow = PAIRS[real]
     cases = sweep_size(ref.removeprefix("ref-"), only=PHASES) + RANDOM_CASES
     cfg = DifferentialConfig(a=real, b=ref, seed=SEED, max_cases=cases, duration=900,
-                             shrink_seconds=10, allow=ROOT / "fixtures/differential" / allow,
+                             shrink_seconds=10, allow=shipped("differential", allow),
                              out=tmp_path / "diff", phases=PHASES)
     _, report = run_differential(cfg)
     assert not report["errors"] and not report["problems"], report["errors"] or \

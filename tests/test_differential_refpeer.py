@@ -4,18 +4,17 @@
 Each reproducer runs against the reference alone (it answers every step, with the values the
 real server gives) and, as a real-peer test, against the real build and the reference side by
 side with no allow-list at all (every answer byte compared after pointer renaming). The
-shipped allow-lists (``fixtures/differential/``) are held to the real builds by a bounded
+shipped allow-lists (``harness/data/differential/``) are held to the real builds by a bounded
 differential campaign per dialect.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 import yaml
 
+from harness.data import shipped
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
 from harness.fuzz.differential import DifferentialError, answers, load_allow, run_pair
 from harness.fuzz.execute import CLOSED, OK, Outcome
@@ -26,9 +25,8 @@ from harness.proto import messages as m
 from harness.proto.tensor import RpcTensor
 from harness import strategies as rst
 
-ROOT = Path(__file__).resolve().parents[1]
-ALLOW = {"7.0.0": ROOT / "fixtures/differential/allow-7.0.0.yaml",
-         "8.0.0": ROOT / "fixtures/differential/allow-8.0.0.yaml"}
+ALLOW = {"7.0.0": shipped("differential", "allow-7.0.0.yaml"),
+         "8.0.0": shipped("differential", "allow-8.0.0.yaml")}
 REAL = {"7.0.0": "p7", "8.0.0": "p8"}
 DIALECTS = pytest.mark.parametrize("proto", sorted(REAL))
 NO_ALLOW: list[dict] = []  # compare every answer byte
@@ -313,7 +311,7 @@ def test_a_relearnt_handle_forgets_the_old_buffers_base():
 
 
 def test_allow_lists_include_others_and_refuse_cycles(tmp_path):
-    flags = load_allow(ROOT / "fixtures/differential/allow-7.0.0+flags.yaml", defaults=False)
+    flags = load_allow(shipped("differential", "allow-7.0.0+flags.yaml"), defaults=False)
     base = load_allow(ALLOW["7.0.0"], defaults=False)
     assert flags[:len(base)] == base and len(flags) > len(base)
     (tmp_path / "a.yaml").write_text("- include: b.yaml\n")
@@ -339,7 +337,7 @@ def test_an_allow_list_entry_that_repeats_an_included_one_is_refused(tmp_path):
 
 def test_the_p7f_direct_receive_assert_is_allowed_for_p7f_only():
     from harness.fuzz.differential import _allowed
-    flags = load_allow(ROOT / "fixtures/differential/allow-7.0.0+flags.yaml", defaults=False)
+    flags = load_allow(shipped("differential", "allow-7.0.0+flags.yaml"), defaults=False)
     assertion = ('crash SIGABRT ggml-rpc.cpp:1773: GGML_ASSERT(header.offset + size <= '
                  'ggml_nbytes(tensor) && "tensor write out of bounds") failed')
     assert _allowed(flags, "death", "SET_TENSOR", f"p7f broke: {assertion} / survived")

@@ -21,6 +21,7 @@ from harness.fuzz.errors import FuzzError
 from harness.history.errors import HistoryError
 from harness.impls.errors import ImplError
 from harness.matrix.errors import MatrixError
+from harness.pr.check import PrError
 from harness.proto.errors import ProtocolError
 from harness.reference.errors import ReferencePeerError
 from harness.transport.base import TransportError
@@ -30,7 +31,7 @@ PACKAGE_ROOTS = {
     "harness.transport": TransportError, "harness.impls": ImplError,
     "harness.fuzz": FuzzError, "harness.matrix": MatrixError, "harness.capture": CaptureError,
     "harness.conformance": ConformanceError, "harness.bisect": BisectError,
-    "harness.history": HistoryError,
+    "harness.history": HistoryError, "harness.pr": PrError,
 }
 SKIPPED_MODULES = ("harness.__main__",)  # runs the CLI when imported
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import copy
 import re
-from pathlib import Path
 
 import pytest
 
+from harness.data import default_matrix
 from harness.capture.canonical import first_divergence
 from harness.capture.differ import load_cell_sessions
 from harness.matrix.cells import expand
@@ -25,7 +25,6 @@ from harness.matrix.execute import run_cells
 from harness.matrix.model import load_matrix
 from harness.proto.ggml import OP
 
-ROOT = Path(__file__).resolve().parents[1]
 REAL, EMULATED = "no-bump-c", "no-bump"
 _ENDPOINT_IN_NAME = re.compile(r"\[127\.0\.0\.1:\d+\]")
 
@@ -85,7 +84,7 @@ def twins(rows: list[dict]) -> list[tuple[dict, dict]]:
 @pytest.mark.realpeer
 @pytest.mark.matrix
 def test_reference_7f_and_c_7f_agree_on_the_wire_in_every_cell(tmp_path):
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     # model-load and mixed-fleet need real programs in every role: no-bump has no twin cell
     # for most of them, and old/old is the same p7 build in both designs
     # (comm-allreduce is 8.0.0+ only: not applicable in these 7.0.0 designs)

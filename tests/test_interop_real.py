@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.data import shipped
 from harness.capture.canonical import canonical, first_divergence, unified_diff
 from harness.capture.proxy import RecordingProxy
 from harness.conformance.cases import CASES
@@ -20,7 +21,6 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import get_dialect
 
-ROOT = Path(__file__).resolve().parents[1]
 
 # One session touching every 7.0.0 command a client library sends.
 STEPS = [
@@ -243,13 +243,13 @@ def test_ref_client_against_real_server_matches_reference_server(tmp_path, proto
 # ---------------------------------------------------------------- conformance
 
 def test_every_recorded_case_has_a_conformance_case():
-    recorded = json.loads((ROOT / "fixtures/vectors/errors.json").read_text())
+    recorded = json.loads(shipped("vectors", "errors.json").read_text())
     by_vector = {c.vector: c for c in CASES}
     for rec in recorded:
         case = by_vector.get(rec["case"])
         assert case is not None, f"no conformance case for {rec['case']!r}"
         assert case.expect == VECTOR_OUTCOMES[rec["after"]], rec["case"]
-    state = json.loads((ROOT / "fixtures/vectors/state.json").read_text())
+    state = json.loads(shipped("vectors", "state.json").read_text())
     assert by_vector["stale_handle_from_prev_conn"].expect == VECTOR_OUTCOMES[
         state["stale_handle_from_prev_conn"]]
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from harness.data import default_matrix
 from harness.matrix.cells import expand, expectation_for
 from harness.matrix.model import MatrixError, load_matrix
 from harness.matrix.releases import predict
@@ -60,7 +61,7 @@ def write_matrix(tmp_path: Path, data: dict) -> Path:
 
 
 def test_repository_matrix_is_valid():
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     assert {"bump", "no-bump"} <= set(m.designs)
     cells = expand(m, designs=["bump", "no-bump"])
     assert {c.pair for c in cells} == {"old-client/old-server", "old-client/new-server",
@@ -186,7 +187,7 @@ def test_harness_run_cli_on_real_peers(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "old-client", "new-server",
                            "--design", "bump", "--scenario", "handshake", "--scenario",
                            "weights-cache", "--out", str(tmp_path), "--matrix",
-                           str(ROOT / "matrix.yaml")], capture_output=True, text=True,
+                           str(default_matrix())], capture_output=True, text=True,
                           timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "rejected" in proc.stdout

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
+from harness.data import default_matrix
 from harness.impls.driver import digest, make_fill
 from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.impls.registry import list_peers
@@ -17,7 +16,6 @@ from harness.matrix.execute import run_cells
 from needs import peer_marker
 from peer_sessions import BASIC_SESSION, FILL_X, FILL_Y
 
-ROOT = Path(__file__).resolve().parents[1]
 BUILT = [p for p in list_peers() if p.available and p.kind in ("pin", "wheel")]
 # one build per release: variants (patched, sanitizer, RDMA) speak their release's protocol,
 # and of registry builds (bisect leaves many in the cache) the first of each protocol
@@ -57,7 +55,7 @@ def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
 @pytest.mark.slow
 @peer_marker(len(RELEASES) < 2, "needs at least two real releases built: `harness peers build --all`")
 def test_every_cross_pair_is_rejected_at_hello_as_the_version_rule_predicts(tmp_path):
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     names = [p.name for p in RELEASES]
     rows = run_cells(m, release_cells(m, names), tmp_path, run_id="releases", workers=3)
     assert len(rows) == len(names) ** 2

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.data import data_root
 from harness.impls import glibc_compat, registry, sanitize
 from harness.impls import pins as pins_module
 from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFound, cache_root,
@@ -516,9 +517,9 @@ def test_a_patched_pin_is_one_row_with_base_and_patch(tmp_path):
     assert patched.key == f"p==1+patch-{sha[:16]}" and patched.patch_sha256 == sha
     assert patched.base == "r" and patched.dialect == "7.0.0+flags" and patched.note == "our own"
     assert patched.label == "rel-1+rf"
-    # relative patch paths are relative to the project root (where patches/ lives)
+    # relative patch paths are relative to the data shipped in the package (harness/data)
     rel = parse_pins(RELEASE_ROW + '[[pin]]\nname="rg"\nbase="r"\npatch="patches/none.patch"\n')
-    assert rel["rg"].patch_path == pins_module.PROJECT_ROOT / "patches" / "none.patch"
+    assert rel["rg"].patch_path == data_root() / "patches" / "none.patch"
     assert rel["rg"].key == "p==1+patch-unreadable"  # missing file: listed, refused at build
 
 

@@ -1,17 +1,17 @@
 """Codec round trips: every dialect x command x direction, the rpc_tensor layout, and the real
-proto-7.0.0 transcripts in fixtures/vectors re-encoded byte for byte."""
+proto-7.0.0 transcripts in harness/data/vectors re-encoded byte for byte."""
 
 from __future__ import annotations
 
 import json
 import struct
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from harness.data import shipped
 from harness import strategies as rst
 from harness.proto import (DIALECTS, NEED_DATA, PRIMARY, Cmd, ConnectionClosed, Data,
                            EndOfMessage, LocalProtocolError, RemoteProtocolError, Request,
@@ -24,7 +24,7 @@ from harness.proto.messages import (DeviceCountRequest, EmptyResponse, GetAlignm
                                     GetMaxSizeRequest, GraphLayout, HelloRequest)
 from harness.proto.tensor import TENSOR_FIELD_OFFSETS, TENSOR_SIZE
 
-VECTORS = Path(__file__).resolve().parent.parent / "fixtures" / "vectors"
+VECTORS = shipped("vectors")
 
 # Per-(dialect, command) properties are many small tests; a tenth of the profile's budget
 # each keeps the default run fast while "thorough" still gives every pair hundreds.

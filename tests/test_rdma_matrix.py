@@ -12,19 +12,19 @@ from pathlib import Path
 
 import pytest
 
+from harness.data import default_matrix
 from harness.matrix.cells import expand
 from harness.matrix.model import load_matrix
 from harness.matrix.rdma import InProcessRdmaServer
 from harness.matrix.execute import run_cells
 
-ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ["roundtrip", "weights-cache", "weights-only"]  # tens of MiB per connection
 LIGHT = ["handshake", "device-info", "alloc", "compute", "copy-memset", "disconnect",
          "two-clients"]
 
 
 def _cells(transport: str, scenarios: list[str]):
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     for name in ("bump-ref", "no-bump-ref"):
         m.designs[name].transports = [transport]
     return m, expand(m, designs=["bump-ref", "no-bump-ref"], scenarios=scenarios)
@@ -59,7 +59,7 @@ def test_heavy_scenarios_same_verdicts_over_rdma(tmp_path):
 
 
 def test_real_peers_are_skipped_over_emulated_rdma_with_the_reason(tmp_path):
-    m = load_matrix(ROOT / "matrix.yaml")
+    m = load_matrix(default_matrix())
     m.designs["bump-7"].transports = ["rdma-emu"]
     cells = expand(m, designs=["bump-7"], scenarios=["handshake"])
     rows = run_cells(m, cells, tmp_path, run_id="x", workers=2)

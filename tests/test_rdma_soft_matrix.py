@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from harness.data import default_matrix
 from harness.capture.transcript import C2S, S2C, Transcript
 from harness.matrix.cells import expand
 from harness.matrix.execute import Timeouts, plan, run_cell, run_cells
@@ -31,7 +32,6 @@ from harness.transport.caps import gid_for_ipv4, pack_linux
 
 from test_realclient_support import realpeer
 
-ROOT = Path(__file__).resolve().parents[1]
 SOFT_DESIGN = "no-bump-rdma"
 # a scenario that opens its own connection with the harness's TCP reference client (it cuts a
 # SET_TENSOR short): in a real-peer cell that client has no RDMA, so its connection is a TCP
@@ -40,7 +40,7 @@ TCP_CLIENT_SCENARIOS = {"disconnect"}
 
 
 def _matrix():
-    return load_matrix(ROOT / "matrix.yaml")
+    return load_matrix(default_matrix())
 
 
 SOFT_DESIGNS = {"no-bump-rdma": "no-bump-ref", "no-bump-rdma-py": "no-bump-ref",
@@ -246,7 +246,7 @@ def test_the_harness_tcp_client_must_leave_the_server_on_tcp(tmp_path):
 
 
 def test_an_emulation_design_must_speak_the_same_dialects(tmp_path):
-    text = (ROOT / "matrix.yaml").read_text().replace("emulation: no-bump-ref",
+    text = default_matrix().read_text().replace("emulation: no-bump-ref",
                                                       "emulation: bump-ref")
     (tmp_path / "m.yaml").write_text(text)
     with pytest.raises(MatrixError, match=r"emulation: new-client speaks 7.0.0\+flags here, "

@@ -1,6 +1,6 @@
 """Seed 000's RDMA changes as real C code in every role, over the soft verbs device.
 
-old = the 7.0.0 RDMA build (p7-rdma), new = the same tree with patches/seed000-server-flags.patch
+old = the 7.0.0 RDMA build (p7-rdma), new = the same tree with harness/data/patches/seed000-server-flags.patch
 (p7f-rdma: 8-slot pipelined send drained at flush, partial receive of a completion). Each of
 the four client/server cells, server cache off and on, uploads tensors larger than one
 256 KiB chunk and than the 6 MiB receive ring, reads them back bit-exact and computes a small

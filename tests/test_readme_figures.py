@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from harness.data import default_matrix, shipped
 
 ROOT = Path(__file__).resolve().parents[1]
 # the figures live in the docs pages that explain them (README.md is the short front door)
@@ -46,7 +47,7 @@ def test_the_matrix_size_in_the_readme_is_what_harness_list_says():
 
 
 def test_every_design_is_described_and_no_other():
-    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m = yaml.safe_load(default_matrix().read_text())
     text = _section("What the matrix says")
     named = set()
     for bold in re.findall(r"\*\*([a-z0-9/ -]+)\*\*", text):
@@ -59,7 +60,7 @@ def test_every_design_is_described_and_no_other():
 
 
 def test_the_releases_pins_in_the_readme_are_matrix_yamls():
-    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m = yaml.safe_load(default_matrix().read_text())
     peers = m["releases"]["peers"]
     count = re.search(r"The (\w+) pins are the matrix's fixed points", README)
     assert count and WORDS[count.group(1)] == len(peers)
@@ -78,5 +79,5 @@ def test_the_sweep_sizes_in_the_readme_are_the_sweeps():
 
 def test_the_saved_reproducers_are_counted_right():
     from harness.releases.watch import reproducer_dirs
-    m = re.search(r"`fixtures/reproducers`: (\w+) of the project's own", " ".join(README.split()))
-    assert m and WORDS.get(m.group(1)) == len(reproducer_dirs(ROOT / "fixtures" / "reproducers"))
+    m = re.search(r"`harness/data/reproducers`: (\w+) of the project's own", " ".join(README.split()))
+    assert m and WORDS.get(m.group(1)) == len(reproducer_dirs(shipped("reproducers")))

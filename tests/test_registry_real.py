@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.data import default_matrix, shipped
 from harness.impls.build import build_pin
 from harness.impls.fetch import scan_archive
 from harness.impls.cache import downloads_dir
@@ -64,7 +65,7 @@ def test_bisect_a_cell_over_three_wheels_names_the_first_8_0_0_build(wheels, tmp
 
 
 def test_bisect_a_saved_reproducer_finds_where_it_starts(wheels, tmp_path):
-    repro = ROOT / "fixtures" / "reproducers" / "p8-crash-graph_compute-5b517a6f"
+    repro = shipped("reproducers", "p8-crash-graph_compute-5b517a6f")
     code, data, text = _bisect(tmp_path, "--repro", str(repro))
     assert code == 0, text
     assert (data["good_result"], data["bad_result"]) == ("no failure", "reproduced")
@@ -137,7 +138,7 @@ def test_a_registry_build_as_a_matrix_yaml_implementation(tmp_path):
     # a four-way design with the registry build as new client and new server, against p7
     import yaml
     build_pin(BIN_FIRST_7)
-    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m = yaml.safe_load(default_matrix().read_text())
     m["implementations"]["bin-first-7"] = {"kind": "pin", "pin": BIN_FIRST_7, "proto": "7.0.0"}
     m["designs"] = {"bin": {"roles": {"old-client": "llama-7", "new-client": "bin-first-7",
                                       "old-server": "llama-7", "new-server": "bin-first-7"},

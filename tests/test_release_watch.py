@@ -5,14 +5,12 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from pathlib import Path
 
 import pytest
 import yaml
 
+from harness.data import default_matrix, shipped
 from harness.releases.watch import WatchConfig, WatchReport, compare, reproducer_dirs, run_watch
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _report(**kw) -> WatchReport:
@@ -65,19 +63,19 @@ def test_the_state_round_trips_and_a_foreign_file_is_refused(tmp_path):
 
 
 def test_the_saved_reproducers_are_found():
-    found = reproducer_dirs(ROOT / "fixtures" / "reproducers")
+    found = reproducer_dirs(shipped("reproducers"))
     assert len(found) >= 6 and all((d / "repro.rpct").is_file() for d in found)
 
 
 @pytest.mark.realpeer
 def test_a_real_watch_is_its_own_baseline_and_sees_a_planted_change(tmp_path):
-    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m = yaml.safe_load(default_matrix().read_text())
     m["releases"]["peers"] = ["p7", "p8"]
     matrix = tmp_path / "matrix.yaml"
     matrix.write_text(yaml.safe_dump(m))
     repros = tmp_path / "repros"
     for name in ("p8-crash-graph_compute-5b517a6f", "p7-crash-get_tensor-671d0589"):
-        shutil.copytree(ROOT / "fixtures" / "reproducers" / name, repros / name)
+        shutil.copytree(shipped("reproducers") / name, repros / name)
     cfg = WatchConfig(out=tmp_path / "w1", matrix_file=matrix, sessions=20, seed=3,
                       reproducers=repros, packages=("llama-cpp-py-sync",))
     first, code = run_watch(cfg, say=lambda _: None)

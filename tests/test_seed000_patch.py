@@ -1,4 +1,5 @@
-"""Seed 000 as real C code: patches/seed000-server-flags.patch on the 7.0.0 tree, on the wire.
+"""Seed 000 as real C code: harness/data/patches/seed000-server-flags.patch on the 7.0.0 tree,
+on the wire.
 
 The patched build (client library and ggml-rpc-server) comes from ONE fixture,
 ``seed000_peer``: the ``p7f`` pin of pins.toml (p7 + the patch), which must be built. Every
@@ -25,7 +26,7 @@ from needs import skip
 from test_interop_real import run_session
 
 ROOT = Path(__file__).resolve().parents[1]
-PATCHED_PIN = "p7f"  # pins.toml entry: p7 + patches/seed000-server-flags.patch
+PATCHED_PIN = "p7f"  # pins.toml entry: p7 + harness/data/patches/seed000-server-flags.patch
 BASE_PIN = "p7"
 RECORDED_LOG = ROOT / "fixtures" / "loadprof" / "seed000-cache-two-loads.log"
 PROFILE = {"GGML_RPC_LOADPROF": "1"}

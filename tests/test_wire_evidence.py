@@ -9,16 +9,15 @@ import pytest
 import yaml
 
 import scenarios  # noqa: F401 - registers the scenarios
+from harness.data import default_matrix
 from harness.matrix.cells import expand
 from harness.matrix.execute import Timeouts, plan, run_cell
 from harness.matrix.model import Matrix
 from harness.scenario import SCENARIOS, WORKS, Observation, Scenario, scenario
 
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def _ref_matrix() -> Matrix:
-    m = yaml.safe_load((ROOT / "matrix.yaml").read_text())
+    m = yaml.safe_load(default_matrix().read_text())
     m["designs"] = {"refs": {"transports": ["tcp"], "roles": {
         "old-client": "ref-7", "new-client": "ref-7", "old-server": "ref-7",
         "new-server": "ref-7"}}}

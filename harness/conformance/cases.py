@@ -2,11 +2,11 @@
 
 Each case rebuilds one entry of a real server's recorded catalogue with the codec, against live
 handles, so it runs against any server: the real binary, a user build or the reference peer.
-The 7.0.0 cases below come from fixtures/vectors/errors.json (titles kept verbatim in
+The 7.0.0 cases below come from harness/data/vectors/errors.json (titles kept verbatim in
 ``vector``); ``expect`` is the recorded outcome of the real 7.0.0 server, and ``changed`` says
 for which dialect rows (a predicate on their fields: :class:`Needs`) a later real build answers
-differently (recorded from p8 in fixtures/vectors/conformance-8.0.0.json). The cases only 8.0.0 and later have are in
-``cases_8``.
+differently (recorded from p8 in harness/data/vectors/conformance-8.0.0.json). The cases only
+8.0.0 and later have are in ``cases_8``.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """Conformance cases for what 8.0.0 added or changed: 2D transfers, graphs keyed by uid, the
 graph cache limit, communicator commands without a communicator, and tensor validation.
 
-Outcomes were recorded from the real 8.0.0 build (pin p8, fixtures/vectors/conformance-8.0.0.json,
-written by ``python -m harness.conformance.record``); tests/test_conformance_8.py holds the
+Outcomes were recorded from the real 8.0.0 build (pin p8,
+harness/data/vectors/conformance-8.0.0.json, written by ``python -m
+harness.conformance.record``); tests/test_conformance_8.py holds the
 expectations here to that recording, the real build to the expectations and the reference server
 to the real build. 9.0.0 is built on 8.0.0, so its reference server is held to the same cases.
 """

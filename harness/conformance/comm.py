@@ -4,7 +4,7 @@ each case drives two servers of world 2 over raw sessions.
 A :class:`PairCase` gets a :class:`Pair` (one hello'd session per server, more on request)
 and returns the sessions to observe afterwards plus facts (answers, digests of allreduce
 results) that must be equal on every pair of servers that speaks 8.0.0. The recording from two
-real p8 servers is ``fixtures/vectors/conformance-comm-8.0.0.json``
+real p8 servers is ``harness/data/vectors/conformance-comm-8.0.0.json``
 (``python -m harness.conformance.record --peer p8 --dialect 8.0.0 --comm``).
 
 Servers come from a factory (``pair_factory``): two real peers started with the loopback_bind

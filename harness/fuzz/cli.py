@@ -180,7 +180,7 @@ def merge_command(console: Console, out: Path, folders: list[Path]) -> int:
 def default_allow(console: Console, pair: tuple[str, str], dialect: str | None,
                   allow: Path | None, no_allow: bool) -> Path | None:
     """The allow-list a differential uses: ``allow``, else the one shipped for the pair's
-    dialect (fixtures/differential), unless ``no_allow`` (the built-in entries only)."""
+    dialect (harness/data/differential), unless ``no_allow`` (the built-in entries only)."""
     from .differential import shipped_allow_list
     from .target_spec import TargetSpec
     if allow is not None or no_allow:

@@ -53,7 +53,7 @@ from ..proto.tensor import TENSOR_FIELD_OFFSETS
 from ..proto.wire import U64, iter_response_payloads
 from .errors import FuzzError
 from ..capture.pcap import write_pcap
-from ..impls.pins import PROJECT_ROOT
+from ..data import ALLOW_LISTS, shipped
 from .campaign import SWEEP_SHARE, Progress, _is_hypothesis_error
 from .bounds import ACCEPTED_OOB
 from .case import BASE, HANDLE, Case, Step
@@ -96,11 +96,11 @@ class DifferentialError(FuzzError, ValueError):
     """Bad differential set-up (allow-list file, targets of different dialects)."""
 
 
-SHIPPED_ALLOW_DIR = PROJECT_ROOT / "fixtures" / "differential"
+SHIPPED_ALLOW_DIR = shipped(ALLOW_LISTS)
 
 
 def shipped_allow_list(dialect: str) -> Path | None:
-    """The allow-list shipped for a dialect's real builds (fixtures/differential), if any."""
+    """The allow-list shipped for a dialect's real builds (harness/data/differential), if any."""
     path = SHIPPED_ALLOW_DIR / f"allow-{dialect}.yaml"
     return path if path.is_file() else None
 

