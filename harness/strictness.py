@@ -1,4 +1,5 @@
-"""One strictness switch: under CI a skip is a failure unless its reason is allowed here.
+"""One strictness switch: under CI a skip (an xfail, an xpass: every outcome that is not a
+pass) is a failure unless its reason is allowed here.
 
 ``strict()`` is on when ``CI`` is true (every CI system sets it, so does ``.ci/run``) or
 ``GGML_RPC_HARNESS_STRICT=1``. Every skip carries a code (``[peer-missing] p7 is not built``,
@@ -67,13 +68,14 @@ def allowed(code: str) -> bool:
     return code in ALLOWED
 
 
-def refusal(reason: str) -> str | None:
-    """Why a skip with ``reason`` fails in strict mode (None: it is allowed, or not strict)."""
+def refusal(reason: str, *, what: str = "a skip") -> str | None:
+    """Why a skip (``what``: or an xfail, an xpass) with ``reason`` fails in strict mode (None:
+    it is allowed, or not strict)."""
     if not strict():
         return None
     code, text = parse(reason)
     if allowed(code):
         return None
     where = "CI=true" if os.environ.get("CI", "").lower() in ("true", "1") else f"{STRICT_ENV}=1"
-    return (f"strict ({where}): a skip is a failure here unless its reason is allowed "
+    return (f"strict ({where}): {what} is a failure here unless its reason is allowed "
             f"(harness/strictness.py ALLOWED: {', '.join(ALLOWED)}); this one is [{code}] {text}")
