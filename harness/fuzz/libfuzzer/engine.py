@@ -40,7 +40,7 @@ from ..campaign import Progress, campaign_id
 from ..report import build_report, campaign_problems, render_markdown
 from ..shrink import save_reproducer
 from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT
-from ..signature import Signature, death_line, vm_hwm
+from ..signature import Signature, death_line, reproduces, vm_hwm
 from ..target_spec import TargetSpec
 from ..errors import TargetError
 from . import corpus as lfc
@@ -271,7 +271,7 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     data = dst.read_bytes()
     log = rerun(binary, dst, env, deadline)
     got = signature_of(log, dialect, data) if log is not None else None
-    if got is None or not got[0].same_bug(failure.signature, command=False):
+    if got is None or not reproduces(failure.signature, got[0], command=False):
         return failure.data, False
     failure.signature = got[0]  # the command of the minimal input (like a lockstep run)
     return data, True
