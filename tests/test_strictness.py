@@ -33,7 +33,8 @@ def test_only_what_cannot_exist_here_is_allowed():
     # the reviewed list: hardware, and cells that by design do not apply
     assert set(strictness.ALLOWED) == {"rdma-hca", "rdma-hca-present", "gpu", "not-applicable"}
     for code in (strictness.PEER_MISSING, strictness.TOOL_MISSING, strictness.NOT_ROOT,
-                 strictness.PROGRAM_MISSING, strictness.UNCODED):
+                 strictness.PROGRAM_MISSING, strictness.UNCODED, strictness.BUILD_ERROR,
+                 strictness.PYVERBS_MISSING):
         assert not strictness.allowed(code)
 
 
