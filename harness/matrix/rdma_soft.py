@@ -30,9 +30,8 @@ from ..scenario import BUILD_ERROR, DEVICE_MISSING, Check, Skip
 from ..transport.caps import ZERO_CAPS, unpack_linux
 from ..transport.rdma_core import config_for_dialect
 from ..transport.softverbs import (ACTIVATED_RE, QpCapture, SoftverbsBuildError,
-                                   SoftverbsUnavailable,
-                                   build_softverbs, rdma_carried_problems, read_capture,
-                                   read_qp_stats, softverbs_env)
+                                   SoftverbsUnavailable, build_softverbs, rdma_carried_problems,
+                                   read_capture, read_qp_stats, softverbs_env)
 
 TRANSPORT = "rdma-soft"
 RDMA_SUFFIX = "+rdma"  # the cache entry of `harness peers build PIN --rdma`

@@ -103,7 +103,7 @@ def build_softverbs(*, cc: str | None = None, out_dir: str | os.PathLike | None 
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
             raise SoftverbsBuildError(f"softverbs compile failed ({' '.join(cmd)}):\n"
-                                       f"{r.stderr.strip()}")
+                                      f"{r.stderr.strip()}")
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
