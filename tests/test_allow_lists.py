@@ -337,7 +337,8 @@ def test_near_handle_is_a_handle_a_few_bytes_off_and_not_one_far_off():
 
 # the three widenings of allow-7.0.0.yaml that no test caught (issue 33), each planted in a copy
 WIDENED = {
-    "framing close at either side further": (r" same-step$'", r" (same-step|a-further|b-further)$'"),
+    "framing close at either side further": (r" same-step$'",
+                                             r" (same-step|a-further|b-further)$'"),
     "a death allowed when the reference crashed too": (
         "'std::(length_error|bad_alloc)' / survived$\"", "'std::(length_error|bad_alloc)'\""),
     "any std:: exception": ("std::(length_error|bad_alloc)", "std::[a-z_]+"),

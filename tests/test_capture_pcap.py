@@ -50,7 +50,8 @@ def _one_connection(path) -> Transcript:
 def _same_chunks(rpct: Transcript, pcap: Transcript) -> None:
     """The same chunks, at the same times; an empty capture is no evidence of either."""
     assert rpct.chunks, "no chunk to compare"
-    assert [(c.direction, c.data) for c in rpct.chunks] == [(c.direction, c.data) for c in pcap.chunks]
+    assert [(c.direction, c.data) for c in rpct.chunks] == \
+        [(c.direction, c.data) for c in pcap.chunks]
     assert all(abs(a.t - b.t) < 1e-6 for a, b in zip(rpct.chunks, pcap.chunks, strict=True))
 
 
