@@ -95,9 +95,14 @@ def rewrite(text: str, store: Iterable[_Record]) -> str:
 
 def summary_records(folder: Path) -> list[_Record]:
     """The records of a report folder that figures are made of (a run's totals, a campaign),
-    without the folder's path on this machine."""
+    as the run filed them when it ended (the history store beside the folder: what came into
+    the folder later, a screenshot, is no part of the run's size), else as read from the
+    folder now; without the folder's path on this machine."""
     from .ingest import records_from
+    from .store import HISTORY_NAME, read
     found = [r for r in records_from(folder) if r.kind in RENDERERS]
     if not found:
         raise HistoryError(f"{folder}: no run or campaign record to quote")
-    return [r.model_copy(update={"folder": None}) for r in found]
+    filed = {(r.kind, r.run_id): r for r in read(Path(folder).parent / HISTORY_NAME)}
+    return [filed.get((r.kind, r.run_id), r).model_copy(update={"folder": None})
+            for r in found]
