@@ -11,7 +11,6 @@ from harness import strictness
 from harness.matrix import rdma_soft
 from harness.matrix.skips import AllowSkip, exit_code
 from harness.scenario import BUILD_ERROR, DEVICE_MISSING, NOT_APPLICABLE
-from harness.transport import softverbs
 from harness.transport.softverbs import SoftverbsBuildError, build_softverbs
 
 # a macro that breaks the device's source: a real compile error from the real compiler
