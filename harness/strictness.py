@@ -1,4 +1,5 @@
-"""One strictness switch: under CI a skip is a failure unless its reason is allowed here.
+"""One strictness switch: under CI a skip (an xfail, an xpass: every outcome that is not a
+pass) is a failure unless its reason is allowed here.
 
 ``strict()`` is on when ``CI`` is true (every CI system sets it, so does ``.ci/run``) or
 ``GGML_RPC_HARNESS_STRICT=1``. Every skip carries a code (``[peer-missing] p7 is not built``,
@@ -26,6 +27,8 @@ PEER_MISSING = "peer-missing"  # a real build, user build or image (or its engin
 PROGRAM_MISSING = "program-missing"  # a program a scenario runs (e.g. llama-simple) is not built
 DEVICE_MISSING = "device-missing"  # hardware a transport needs (an RDMA device)
 TOOL_MISSING = "tool-missing"  # a program, library or Python package is not installed
+PYVERBS_MISSING = "pyverbs-missing"  # rdma-core's python3-pyverbs (a Debian package) is absent
+BUILD_ERROR = "build-error"  # a build or compile a test or cell needs failed: never allowed
 NOT_ROOT = "not-root"  # the test starts daemons or installs packages
 PLATFORM = "platform"  # not Linux/glibc/x86-64
 RDMA_HCA = "rdma-hca"  # no real RDMA host channel adapter
@@ -67,13 +70,14 @@ def allowed(code: str) -> bool:
     return code in ALLOWED
 
 
-def refusal(reason: str) -> str | None:
-    """Why a skip with ``reason`` fails in strict mode (None: it is allowed, or not strict)."""
+def refusal(reason: str, *, what: str = "a skip") -> str | None:
+    """Why a skip (``what``: or an xfail, an xpass) with ``reason`` fails in strict mode (None:
+    it is allowed, or not strict)."""
     if not strict():
         return None
     code, text = parse(reason)
     if allowed(code):
         return None
     where = "CI=true" if os.environ.get("CI", "").lower() in ("true", "1") else f"{STRICT_ENV}=1"
-    return (f"strict ({where}): a skip is a failure here unless its reason is allowed "
+    return (f"strict ({where}): {what} is a failure here unless its reason is allowed "
             f"(harness/strictness.py ALLOWED: {', '.join(ALLOWED)}); this one is [{code}] {text}")

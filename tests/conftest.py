@@ -25,13 +25,15 @@ exit_on_sigterm()
 
 
 # ------------------------------------------------------------------ strictness
-# Under CI (or GGML_RPC_HARNESS_STRICT=1) a skip is a failure unless its code is allowed in
-# harness/strictness.py; the run ends by listing the skips it allowed and why.
+# Under CI (or GGML_RPC_HARNESS_STRICT=1) every outcome that is not a pass -- a skip, an xfail,
+# an xpass -- is a failure unless its code is allowed in harness/strictness.py; the run ends
+# by listing the ones it allowed and why.
 import pytest  # noqa: E402
 
 from harness import strictness  # noqa: E402
 
 _ALLOWED_SKIPS: list[tuple[str, str]] = []
+_XFAIL_PREFIXES = ("reason: ", "[NOTRUN] ")  # what pytest puts before an xfail's reason
 
 
 def _skip_reason(report) -> str:
@@ -41,14 +43,35 @@ def _skip_reason(report) -> str:
     return str(longrepr or "")
 
 
+def _xfail_reason(report) -> str:
+    reason = str(report.wasxfail or "")
+    for prefix in _XFAIL_PREFIXES:
+        reason = reason.removeprefix(prefix)
+    return reason
+
+
+def _non_pass(report) -> tuple[str, str] | None:
+    """(what, reason) of a report that is neither a pass nor a failure: a skip, an xfail (a
+    test expected to fail, run or not) or an xpass (one that passed against that mark)."""
+    if hasattr(report, "wasxfail"):
+        return ("an xpass" if report.passed else "an xfail"), _xfail_reason(report)
+    if report.skipped:
+        return "a skip", _skip_reason(report)
+    return None
+
+
 def _enforce(report) -> None:
-    if not report.skipped or hasattr(report, "wasxfail"):
+    found = _non_pass(report)
+    if found is None:
         return
-    reason = _skip_reason(report)
-    refusal = strictness.refusal(reason)
+    what, reason = found
+    refusal = strictness.refusal(reason, what=what)
     if refusal is not None:
         report.outcome = "failed"
         report.longrepr = refusal
+        if hasattr(report, "wasxfail"):
+            # pytest counts and shows a report that keeps this as xfailed / xpassed
+            del report.wasxfail
     elif strictness.strict():
         _ALLOWED_SKIPS.append((report.nodeid, reason))
 

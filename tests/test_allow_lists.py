@@ -163,6 +163,8 @@ NEAR_DEATHS = [
     "SIGSEGV null page in libc.so.6 page 0x167000",
     "SIGSEGV null page in libc.so.6 page 0x167000 from libggml-rpc.so page 0x3000",
     "SIGSEGV wild address in libggml-base.so (ggml_nbytes)",
+    # another exception than the two a huge length prefix throws
+    "terminate called after throwing an instance of 'std::out_of_range'",
     # late with no gigabyte prefix to explain it, or not serving at all
     _late_line(1 << 20),
     "hang:server stopped serving new connections",
@@ -210,8 +212,16 @@ def _close_case(what: str, stale: str | None = None, case: str | None = None):
     return _session(*steps)
 
 
+# what the reference side dies of in a near miss where both broke (no death entry names it)
+OTHER_DEATH = "ggml-rpc.cpp:1500: GGML_ASSERT(buffer != nullptr) failed"
+
+
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
 def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
+    _check_list(path)
+
+
+def _check_list(path: Path) -> None:
     case = _session()
     covered = 0
     for entry in _entries(path):
@@ -224,6 +234,10 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
                 assert _allows(entry, _death_runs(case, line), case), line
                 # the same death on the reference side is not the real server's bug
                 assert not _allows(entry, _death_runs(case, line, real_side=1), case), line
+                # nor one where the reference broke too (the entry's ' / survived')
+                both = _runs(case, [HELLO], [HELLO], statuses=(CLOSED, CLOSED),
+                             broke=(_death(line), _death(OTHER_DEATH)))
+                assert not _allows(entry, both, case), (entry["match"], line)
             for line in NEAR_DEATHS:
                 assert not _allows(entry, _death_runs(case, line), case), (entry["match"], line)
         elif entry["kind"] == "close" and "graph_class:" in entry["match"]:
@@ -243,6 +257,12 @@ def test_every_shipped_entry_lets_its_divergence_pass_and_nothing_near_it(path):
             c = _close_case("framing:len_huge", stale)
             if stale is None:  # both answered as much: same-step
                 runs = _runs(c, [HELLO], [HELLO], statuses=(OK, CLOSED))
+                # near: the same framing case where one side answered more steps
+                for proven in ((4, 3), (3, 4)):
+                    further = _runs(c, [HELLO, bytes(16), bytes(8), bytes(8)],
+                                    [HELLO, bytes(16), bytes(8)], statuses=(OK, CLOSED),
+                                    proven=proven)
+                    assert not _allows(entry, further, c), (entry["match"], proven)
             elif stale == "cross-base":  # the real side read where its next buffer lay
                 runs = _runs(c, [HELLO, bytes(16), bytes(8), bytes(16), bytes(16)],
                              [HELLO, bytes(16), bytes(8), bytes(16)],
@@ -313,3 +333,24 @@ def test_near_handle_is_a_handle_a_few_bytes_off_and_not_one_far_off():
     assert "near-handle" in _close_causes(clear(0x80), 3, 3)
     assert "near-handle" not in _close_causes(clear(0), 3, 3)  # the handle itself
     assert "near-handle" not in _close_causes(clear(NEAR_HANDLE), 3, 3)
+
+
+# the three widenings of allow-7.0.0.yaml that no test caught (issue 33), each planted in a copy
+WIDENED = {
+    "framing close at either side further": (r" same-step$'",
+                                             r" (same-step|a-further|b-further)$'"),
+    "a death allowed when the reference crashed too": (
+        "'std::(length_error|bad_alloc)' / survived$\"", "'std::(length_error|bad_alloc)'\""),
+    "any std:: exception": ("std::(length_error|bad_alloc)", "std::[a-z_]+"),
+}
+
+
+@pytest.mark.parametrize("name", WIDENED)
+def test_a_widened_entry_in_the_shipped_list_is_caught(tmp_path, name):
+    old, new = WIDENED[name]
+    text = (SHIPPED_ALLOW_DIR / "allow-7.0.0.yaml").read_text()
+    assert text.count(old) == 1, old
+    planted = tmp_path / "allow-7.0.0.yaml"
+    planted.write_text(text.replace(old, new))
+    with pytest.raises(AssertionError):
+        _check_list(planted)

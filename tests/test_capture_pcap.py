@@ -41,12 +41,23 @@ def test_golden_pcap_decodes_to_vector_messages(name):
     assert [e.cmd.value for e in session.exchanges] == [e["cmd"] for e in vector_entries(name)]
 
 
+def _one_connection(path) -> Transcript:
+    found = read_pcap(path)
+    assert len(found) == 1, f"{path}: {len(found)} connections"
+    return found[0]
+
+
+def _same_chunks(rpct: Transcript, pcap: Transcript) -> None:
+    """The same chunks, at the same times; an empty capture is no evidence of either."""
+    assert rpct.chunks, "no chunk to compare"
+    assert [(c.direction, c.data) for c in rpct.chunks] == \
+        [(c.direction, c.data) for c in pcap.chunks]
+    assert all(abs(a.t - b.t) < 1e-6 for a, b in zip(rpct.chunks, pcap.chunks, strict=True))
+
+
 @pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_golden_rpct_equals_pcap(name):
-    rpct = Transcript.load(GOLDEN / f"{name}.rpct")
-    [pcap] = read_pcap(GOLDEN / f"{name}.pcap")
-    assert [(c.direction, c.data) for c in rpct.chunks] == [(c.direction, c.data) for c in pcap.chunks]
-    assert all(abs(a.t - b.t) < 1e-6 for a, b in zip(rpct.chunks, pcap.chunks))
+    _same_chunks(Transcript.load(GOLDEN / f"{name}.rpct"), _one_connection(GOLDEN / f"{name}.pcap"))
 
 
 def test_golden_files_are_reproducible_and_small():
@@ -74,14 +85,19 @@ def test_tcp_handshake_sequence_numbers_and_close():
         assert p[IP].len == len(p[IP])
         nxt[t.sport] += len(t.payload) + (1 if "F" in str(t.flags) else 0)
     assert [str(p[TCP].flags) for p in packets[-4:]] == ["FA", "A", "FA", "A"]
+    assert any(len(p[TCP].payload) for p in packets[3:-4]), "no data between open and close"
+
+
+def _timestamps_match(tr: Transcript, pcap) -> None:
+    data = [p for p in rdpcap(str(pcap)) if TCP in p and len(p[TCP].payload)]
+    assert data, f"{pcap}: no data packet"
+    for p, c in zip(data, tr.chunks, strict=True):
+        assert abs(float(p.time) - c.t) < 1e-6
 
 
 def test_timestamps_are_the_chunk_times():
-    tr = Transcript.load(GOLDEN / "happy_nocache.rpct")
-    data = [p for p in rdpcap(str(GOLDEN / "happy_nocache.pcap")) if len(p[TCP].payload)]
-    assert len(data) == len(tr.chunks)
-    for p, c in zip(data, tr.chunks):
-        assert abs(float(p.time) - c.t) < 1e-6
+    _timestamps_match(Transcript.load(GOLDEN / "happy_nocache.rpct"),
+                      GOLDEN / "happy_nocache.pcap")
 
 
 def test_large_chunks_are_cut_into_segments(tmp_path):
@@ -176,23 +192,54 @@ def test_capture_without_handshake_needs_the_server_port(tmp_path):
     assert first.meta["server"][1] == 1234 and first.bytes_of(C2S) == vector_streams("cache")[0]
 
 
-def test_request_payloads_survive_the_round_trip(tmp_path):
-    """Every request in the pcap unpacks to the same message as the vector's bytes."""
-    [tr] = read_pcap(GOLDEN / "happy_nocache.pcap")
-    session = tr.decode()
-    for ex, e in zip(session.exchanges, vector_entries("happy_nocache")):
+def _payloads_round_trip(pcap, name: str) -> None:
+    session = _one_connection(pcap).decode()
+    assert session.exchanges, f"{pcap}: no exchange"
+    for ex, e in zip(session.exchanges, vector_entries(name), strict=True):
         frame = bytes.fromhex(e["req"])
         assert ex.request == unpack_request_payload(D7, ex.cmd, frame[9:])
 
 
-def test_checksums_are_valid():
+def test_request_payloads_survive_the_round_trip(tmp_path):
+    """Every request in the pcap unpacks to the same message as the vector's bytes."""
+    _payloads_round_trip(GOLDEN / "happy_nocache.pcap", "happy_nocache")
+
+
+def _checksums_valid(pcap) -> None:
     from scapy.layers.l2 import Ether
 
-    for p in rdpcap(str(GOLDEN / "happy_nocache.pcap")):
+    packets = rdpcap(str(pcap))
+    assert any(TCP in p and len(p[TCP].payload) for p in packets), f"{pcap}: no data packet"
+    for p in packets:
         fresh = p.copy()
         del fresh[IP].chksum, fresh[TCP].chksum  # scapy recomputes them on build
         rebuilt = Ether(bytes(fresh))
         assert (rebuilt[IP].chksum, rebuilt[TCP].chksum) == (p[IP].chksum, p[TCP].chksum)
+
+
+def test_checksums_are_valid():
+    _checksums_valid(GOLDEN / "happy_nocache.pcap")
+
+
+def test_an_empty_capture_passes_none_of_the_checks(tmp_path):
+    """Planted: a connection that carried nothing (the loops and zips passed on it before)."""
+    empty = tmp_path / "empty.pcap"
+    write_pcap(Transcript(), empty)
+    nothing = Transcript()
+    for check in (lambda: _same_chunks(nothing, _one_connection(empty)),
+                  lambda: _timestamps_match(nothing, empty),
+                  lambda: _payloads_round_trip(empty, "happy_nocache"),
+                  lambda: _checksums_valid(empty)):
+        with pytest.raises(AssertionError):
+            check()
+    # and a capture cut short: zip(strict=True) no longer stops at the shorter side
+    short = tmp_path / "short.pcap"
+    tr = Transcript.load(GOLDEN / "happy_nocache.rpct")
+    write_pcap(Transcript(chunks=tr.chunks[:4], meta=tr.meta), short)
+    with pytest.raises((AssertionError, ValueError)):
+        _payloads_round_trip(short, "happy_nocache")
+    with pytest.raises(ValueError):
+        _timestamps_match(tr, short)
 
 
 @tool_marker(shutil.which("tshark") is None, "tshark is not installed (apt-get install tshark)")

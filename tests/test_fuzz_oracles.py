@@ -16,6 +16,7 @@ from harness.fuzz.case import annotate, step
 from harness.fuzz.oracles import (ANY_FRAME, KINDS, SERIAL_NOTE, OracleLimits, case_cost,
                                   held_variant, open_frame_step, written)
 from harness.fuzz.replay import load, replay
+from harness.fuzz.report import DEFAULT_MIN_MESSAGES, campaign_problems
 from harness.fuzz.strategies import hello_request_frame
 from harness.reference.knobs import parse_knobs
 from harness.proto import get_dialect
@@ -183,9 +184,31 @@ def test_honest_reference_server_gives_no_oracle_finding(tmp_path):
     # Every oracle on, the cache too, floors low enough that the planted bugs are found.
     _, report = _campaign(tmp_path, "ref", {"cache": True, "amplification_floor": 16 << 20},
                           duration=20)
+    _assert_it_fuzzed(report)
     assert report["nothing_found"], [f["title"] for f in report["findings"]]
     # Serial by design: one note, no findings (the freeze oracle does not apply).
     assert report["oracles"]["notes"]["freeze"] == SERIAL_NOTE
+
+
+def _assert_it_fuzzed(report: dict) -> None:
+    """A campaign that sent nothing found nothing: no evidence of an honest server."""
+    assert not campaign_problems(report), report["problems"]
+    assert report["messages_sent"] >= DEFAULT_MIN_MESSAGES and report["cases"] > 0, \
+        (report["messages_sent"], report["cases"])
+    assert report["coverage"]["mutations_exercised"] > 0
+
+
+def test_a_campaign_that_sent_nothing_is_no_evidence_of_honesty():
+    """Planted: the report of a campaign that exchanged nothing passes every assertion the
+    honest-server test made before, and fails the one it makes now."""
+    silent = {"messages_sent": 0, "cases": 0, "findings": [], "nothing_found": True,
+              "errors": [], "target_kind": "ref", "workers_never_listened": [],
+              "duration_s": 20, "coverage": {"mutations_exercised": 0},
+              "oracles": {"notes": {"freeze": SERIAL_NOTE}}}
+    silent["problems"] = campaign_problems(silent)
+    assert silent["nothing_found"] and silent["oracles"]["notes"]["freeze"] == SERIAL_NOTE
+    with pytest.raises(AssertionError):
+        _assert_it_fuzzed(silent)
 
 
 @slow

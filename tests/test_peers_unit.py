@@ -299,10 +299,28 @@ def test_exit_info_classification():
     assert not exit_info_from(0, ["ok"], []).aborted
 
 
-def test_free_port_is_bindable():
-    port = free_port()
+def _bindable(port: int) -> None:
+    """``port`` is a real port (not 0, which any bind accepts) that we can bind right now."""
+    assert 0 < port < 65536, port
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))
+        assert s.getsockname() == ("127.0.0.1", port)
+
+
+def test_free_port_is_bindable():
+    _bindable(free_port())
+
+
+def test_a_port_that_is_not_free_is_not_bindable():
+    """Planted: the answers a broken free_port could give (the test before asserted nothing,
+    and port 0 binds anywhere)."""
+    with pytest.raises(AssertionError):
+        _bindable(0)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(OSError):
+            _bindable(taken.getsockname()[1])
 
 
 # ------------------------------------------------------------------- verification, users

@@ -155,9 +155,29 @@ def test_counters_the_cell_cannot_see_turn_it_red(tmp_path):
     """The server's QP counters and capture go elsewhere: to the cell they are zero."""
     row = _one_cell(tmp_path, server_env={"SOFTVERBS_STATS_DIR": str(tmp_path / "elsewhere"),
                                           "SOFTVERBS_CAPTURE_DIR": str(tmp_path / "elsewhere")})
-    assert row["verdict"] != "pass", row["reason"]
+    _red_on_rdma_checks(row)
     facts = json.loads((tmp_path / row["folder"] / "rdma.json").read_text())
     assert facts[0]["problems"] == ["no queue pair of this connection on the device"]
+
+
+def _red_on_rdma_checks(row: dict) -> None:
+    """The cell ran and failed on its per-connection RDMA checks: a fail, not a skip or an
+    error (which would say nothing about what the cell can see). (The capture it cannot see
+    fails its wire evidence too.)"""
+    assert row["verdict"] == "fail", (row["verdict"], row["reason"])
+    failed = _failed(row)
+    assert "conn 0: both sides switched to RDMA after HELLO" in failed, failed
+
+
+@pytest.mark.parametrize("verdict", ["skip", "error", "hang", "crash"])
+def test_a_cell_that_did_not_run_its_checks_is_not_red_on_them(verdict):
+    """Planted: the outcomes `verdict != "pass"` accepted before."""
+    row = {"verdict": verdict, "reason": "planted", "checks": []}
+    with pytest.raises(AssertionError):
+        _red_on_rdma_checks(row)
+    with pytest.raises(AssertionError):  # and a fail on another check than the RDMA ones
+        _red_on_rdma_checks({"verdict": "fail", "reason": "planted",
+                             "checks": [{"name": "scenario step", "ok": False}]})
 
 
 # ------------------------------------------------------------------------------ without peers

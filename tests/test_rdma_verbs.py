@@ -28,11 +28,14 @@ from harness.transport.tcp import TcpTransport
 from harness.transport.verbs import (
     RdmaUnavailable,
     connect_verbs,
+    unavailable_code,
     verbs_available,
     verbs_endpoint,
     verbs_listener,
 )
-from harness.strictness import RDMA_HCA, RDMA_HCA_PRESENT, TOOL_MISSING, coded
+from harness import strictness
+from harness.strictness import (PYVERBS_MISSING, RDMA_HCA, RDMA_HCA_PRESENT, TOOL_MISSING,
+                                 coded)
 from needs import skip
 
 from softverbs_support import pyverbs_session, softverbs_lib_dir
@@ -62,6 +65,16 @@ def test_reason_when_pyverbs_is_missing(monkeypatch, tmp_path):
     assert "pyverbs" in reason and verbs.PYVERBS_PATH_ENV in reason
 
 
+def test_a_missing_pyverbs_is_its_own_code_and_fails_strict_mode(monkeypatch, tmp_path):
+    _without_pyverbs(monkeypatch, tmp_path)
+    _, reason = verbs_available()
+    monkeypatch.setenv("CI", "true")
+    assert unavailable_code(reason) == PYVERBS_MISSING
+    assert strictness.refusal(coded(unavailable_code(reason), reason)) is not None
+    # planted: filed under the allowed rdma-hca code, as the session test did, it passed
+    assert strictness.refusal(coded(RDMA_HCA, f"no RDMA here: {reason}")) is None
+
+
 def _fake_pyverbs(monkeypatch, get_device_list):
     pkg = types.ModuleType("pyverbs")
     pkg.__path__ = []
@@ -89,6 +102,7 @@ def test_reason_when_there_are_no_devices(monkeypatch, tmp_path):
     ok, reason = verbs_available()
     assert not ok and reason.startswith("no RDMA devices: ibv_get_device_list returned none")
     assert "lists nothing" in reason
+    assert unavailable_code(reason) == RDMA_HCA  # the hardware CI machines lack: allowed
 
 
 @pytest.mark.skipif(OK, reason=coded(RDMA_HCA_PRESENT, "this machine has an RDMA device"))
@@ -156,7 +170,8 @@ def test_pyverbs_objects_the_wire_uses():
 
 
 @pytest.mark.skipif(not (OK and os.environ.get("RDMA_TEST_ADDR")),
-                    reason=coded(RDMA_HCA, f"no RDMA here: {REASON}") if not OK else
+                    reason=coded(unavailable_code(REASON), f"no RDMA here: {REASON}")
+                    if not OK else
                     coded(TOOL_MISSING, "set RDMA_TEST_ADDR to an IPv4 address an RDMA device "
                                         "carries"))
 @pytest.mark.parametrize("client_cfg, server_cfg", [(OLD, OLD), (SEED000, OLD), (OLD, SEED000),

@@ -16,7 +16,7 @@ from harness.data import default_matrix, shipped
 ROOT = Path(__file__).resolve().parents[1]
 # the figures live in the docs pages that explain them (README.md is the short front door)
 README = "\n".join((ROOT / "docs" / page).read_text()
-                   for page in ("matrix.md", "releases.md", "fuzzing.md"))
+                   for page in ("matrix.md", "releases.md", "fuzzing.md", "results.md"))
 WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
          "nine": 9, "ten": 10}
 
@@ -81,3 +81,83 @@ def test_the_saved_reproducers_are_counted_right():
     from harness.releases.watch import reproducer_dirs
     m = re.search(r"`harness/data/reproducers`: (\w+) of the project's own", " ".join(README.split()))
     assert m and WORDS.get(m.group(1)) == len(reproducer_dirs(shipped("reproducers")))
+
+
+# ------------------------------------------------------------------ measured figures
+# A figure a run measured (cells by verdict, size on disk, a campaign's messages) is marked in
+# the docs with the history record it comes from, and the record is committed beside it
+# (fixtures/figures/history.jsonl, filed by `harness history figures --add FOLDER`).
+from harness.history import figures as fig, store  # noqa: E402
+from harness.history.store import RunRecord  # noqa: E402
+
+FIGURES_STORE = ROOT / "fixtures" / "figures" / "history.jsonl"
+
+
+def test_every_marked_figure_is_what_its_record_says():
+    found = fig.figures(README, store.read(FIGURES_STORE))
+    stale = [f for f in found if f.stale]
+    assert not stale, "README figures that are not their records' (`harness history figures " \
+        docs/results.md --write` rewrites them):\n" + "\n".join(
+            f"{f.kind}:{f.record_id}: README {f.said!r}, record {f.measured!r}" for f in stale)
+
+
+def test_the_measured_run_figures_in_the_readme_are_marked():
+    said = " ".join(README.split())
+    for quoted in re.findall(r"[\d,]+ cells: [\d,]+ pass, [\d,]+ skip", said):
+        assert re.search(r"<!-- figure run:\S+ -->" + re.escape(quoted), said), \
+            f"README quotes {quoted!r} without the run record it was measured in"
+
+
+def _record(**kw) -> RunRecord:
+    return RunRecord(run_id="run-x", time=0.0, **{"cells": 628, "counts": {"pass": 544,
+                     "skip": 84}, "size_bytes": int(36.8 * (1 << 20)), "files": 5991, **kw})
+
+
+DOC = "A full run (<!-- figure run:run-x -->628 cells: 544 pass, 84\n skip; 36.8 MiB in " \
+      "5,991 files<!-- /figure -->) on this machine."
+
+
+def test_a_stale_figure_is_named_and_rewritten():
+    assert [f.stale for f in fig.figures(DOC, [_record()])] == [False]
+    # planted: the run measured again, with a failing cell; the prose kept the old figure
+    again = _record(counts={"pass": 543, "skip": 84, "fail": 1})
+    [f] = fig.figures(DOC, [again])
+    assert f.stale and f.measured == "628 cells: 543 pass, 84 skip, 1 fail; 36.8 MiB in " \
+        "5,991 files"
+    assert fig.figures(fig.rewrite(DOC, [again]), [again])[0].stale is False
+    # and a figure whose record is not in the store
+    assert fig.figures(DOC, [])[0].stale
+
+
+def test_the_command_files_a_run_without_its_path_and_checks(tmp_path):
+    """`harness history figures --add FOLDER` on a real (reference-only) matrix run."""
+    from harness.matrix.cells import expand
+    from harness.matrix.execute import run_cells
+    from harness.matrix.model import load_matrix
+    from harness.report.writers import write_all
+    from test_matrix import REF_MATRIX, write_matrix
+    data = {**json.loads(json.dumps(REF_MATRIX)), "scenarios": ["handshake"],
+            "cache_options": {"handshake": [False]}}
+    m = load_matrix(write_matrix(tmp_path, data))
+    run = tmp_path / "run-1"
+    rows = run_cells(m, expand(m), run, run_id="run-1", workers=2)
+    write_all(rows, run, "t")
+    doc = tmp_path / "doc.md"
+    doc.write_text("Measured: <!-- figure run:run-1 -->?<!-- /figure -->.\n")
+    figures_store = tmp_path / "figures.jsonl"
+
+    def harness(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "harness", "history", "figures", str(doc),
+                               "--store", str(figures_store), *args], cwd=ROOT,
+                              capture_output=True, text=True, timeout=120)
+    # the record as the run filed it when it ended (what came into the folder later, a
+    # screenshot, is no part of its size)
+    from harness.history.ingest import records_from
+    filed = records_from(run)[0].model_copy(update={"size_bytes": 3 << 20, "files": 7})
+    store.append(tmp_path / store.HISTORY_NAME, [filed])
+    stale = harness("--add", str(run))
+    assert stale.returncode == 1 and "says '?'" in stale.stdout, stale.stdout + stale.stderr
+    assert str(tmp_path) not in figures_store.read_text()  # no machine path is committed
+    assert harness("--write").returncode == 0
+    assert f"{len(rows)} cells: {len(rows)} pass, 0 skip; 3.0 MiB in 7 files" in doc.read_text()
+    assert harness().returncode == 0

@@ -33,7 +33,8 @@ def test_only_what_cannot_exist_here_is_allowed():
     # the reviewed list: hardware, and cells that by design do not apply
     assert set(strictness.ALLOWED) == {"rdma-hca", "rdma-hca-present", "gpu", "not-applicable"}
     for code in (strictness.PEER_MISSING, strictness.TOOL_MISSING, strictness.NOT_ROOT,
-                 strictness.PROGRAM_MISSING, strictness.UNCODED):
+                 strictness.PROGRAM_MISSING, strictness.UNCODED, strictness.BUILD_ERROR,
+                 strictness.PYVERBS_MISSING):
         assert not strictness.allowed(code)
 
 
@@ -118,3 +119,68 @@ def test_every_skip_in_the_suite_has_a_code():
             continue
         found += _uncoded_skips(path)
     assert not found, "skip through tests/needs.py (a code per reason):\n" + "\n".join(found)
+
+
+XFAILS = '''
+import pytest
+from harness.strictness import coded
+
+@pytest.mark.xfail(run=False, reason="not written yet")
+def test_not_run():
+    pass
+
+@pytest.mark.xfail(reason="known bug")
+def test_fails_as_expected():
+    assert False
+
+@pytest.mark.xfail(reason="known bug")
+def test_passes_against_its_mark():
+    pass
+
+@pytest.mark.xfail(run=False, reason=coded("gpu", "needs a GPU"))
+def test_allowed():
+    pass
+'''
+
+# Planted: the rule before, which let every report with ``wasxfail`` through untouched.
+OLD_XFAIL_RULE = '''
+_checked = _non_pass
+_non_pass = lambda report: None if hasattr(report, "wasxfail") else _checked(report)
+'''
+
+
+def _inner_xfails(tmp_path: Path, env: dict, planted: str = "") -> subprocess.CompletedProcess:
+    """A pytest session (its own basetemp) with this suite's conftest over XFAILS."""
+    (tmp_path / "conftest.py").write_text((TESTS / "conftest.py").read_text() + planted)
+    shutil.copyfile(TESTS / "needs.py", tmp_path / "needs.py")
+    (tmp_path / "test_xfails.py").write_text(XFAILS)
+    clean = {k: v for k, v in os.environ.items() if k not in ("CI", strictness.STRICT_ENV)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rA",
+                           "--basetemp", str(tmp_path / "basetemp"), str(tmp_path)],
+                          cwd=tmp_path, capture_output=True, text=True, env={**clean, **env},
+                          timeout=120)
+
+
+def test_under_ci_an_xfail_or_xpass_fails_unless_its_code_is_allowed(tmp_path):
+    done = _inner_xfails(tmp_path, {"CI": "true"})
+    out = done.stdout
+    assert done.returncode == 1, out
+    # (one not run fails at its setup: an error)
+    assert "2 failed, 1 xfailed, 1 error" in out, out
+    assert "ERROR test_xfails.py::test_not_run" in out
+    for name in ("test_fails_as_expected", "test_passes_against_its_mark"):
+        assert f"FAILED test_xfails.py::{name}" in out, out
+    assert "an xfail is a failure here" in out and "an xpass is a failure here" in out
+    assert "[uncoded] not written yet" in out
+    assert "skips allowed in strict mode" in out and "[gpu] 1 test(s)" in out
+
+
+def test_outside_ci_xfails_stay_xfails(tmp_path):
+    done = _inner_xfails(tmp_path, {})
+    assert done.returncode == 0 and "3 xfailed, 1 xpassed" in done.stdout, done.stdout
+
+
+def test_the_old_rule_lets_an_xfail_pass_strict_mode(tmp_path):
+    """Planted: with xfails returned early (the rule before), CI=true exits 0 on them."""
+    done = _inner_xfails(tmp_path, {"CI": "true"}, planted=OLD_XFAIL_RULE)
+    assert done.returncode == 0 and "3 xfailed, 1 xpassed" in done.stdout, done.stdout

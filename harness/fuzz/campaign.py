@@ -478,8 +478,10 @@ class _Worker:
                                             as_limit=self.cfg.as_limit,
                                             rss_limit=self.cfg.rss_limit,
                                             oracles=self.limits.to_json()).reproduced
-            except TargetError:
+            except TargetError as e:
+                # not a "no": the campaign fails on it (report.replay_problems)
                 finding["replays"] = None
+                finding["replay_error"] = str(e)
             (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
         self.stats["findings"] += 1
         self.emit({"type": "finding", "worker": self.index, "folder": str(folder),

@@ -46,7 +46,7 @@ from ..reference.server import ReferenceServer
 from ..reference.server_core import ServerConfig
 from ..proto import DEFAULT, get_dialect
 from . import strategies as rst
-from .signature import Signature, normalise, signal_text
+from .signature import Signature, normalise, reproduces, signal_text
 from .errors import TargetError
 
 DEFENCES = ("version mismatch", "malformed response", "handshake failed")
@@ -286,8 +286,8 @@ class ClientReplayResult:
     @property
     def reproduced(self) -> bool:
         o = self.observed
-        return o.category == "finding" and (self.expected is None or
-                                            o.signature.same_bug(self.expected, command=False))
+        # the one replay rule; the step a client died at is not part of its signature
+        return o.category == "finding" and reproduces(self.expected, o.signature, command=False)
 
     def summary(self) -> str:
         o = self.observed

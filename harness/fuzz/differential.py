@@ -294,8 +294,10 @@ def _further(proven_a: int, proven_b: int) -> str:
 def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
     """The first entry naming the kind and command (``cmd: "*"``: any) whose optional
     ``match``, a regular expression, the divergence's line contains (e.g. one assert of one
-    side); None if no entry allows it."""
+    side); None if no entry allows it. An answer entry without ``match`` masks bytes
+    (:func:`_masked`): it lets no line pass."""
     return next((e for e in allow if e["kind"] == kind and e["cmd"] in (cmd, "*")
+                 and (kind != "answer" or "match" in e)
                  and (e.get("match") is None or re.search(e["match"], line))), None)
 
 
@@ -369,7 +371,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         ra, rb = (_masked(cmd, r, masks, (gaps or {}).get(i)) for r in (ra, rb))
         if ra == rb:
             allowed_by(masks[0])
-        elif not allowed_by(_allowing([e for e in allow if "match" in e], "answer", cmd,
+        elif not allowed_by(_allowing(allow, "answer", cmd,
                                       f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}")):
             first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
                          min(len(ra), len(rb)))

@@ -19,12 +19,11 @@ from pathlib import Path
 
 from ..capture.transcript import C2S, Transcript
 from ..proto import DEFAULT
-from . import sanitizer
 from .case import Case, annotate, step
 from .oracles import OracleLimits, Oracles
 from .case_runner import CaseRunner
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
-from .signature import Signature, same_abort_moved, same_abort_site
+from .signature import Signature, reproduces
 from .target_spec import TargetSpec
 
 
@@ -47,34 +46,8 @@ class ReplayResult:
         return self.matches(across_builds=True)
 
     def matches(self, *, across_builds: bool) -> bool:
-        """The same bug: the saved signature's class, its abort line / sanitizer report /
-        faulting frame (an abort moved to another line only ``across_builds``), and the
-        command. A reproducer without a saved signature matches nothing: any failure would
-        do, which is no evidence that it is this one."""
-        o, e = self.observed, self.expected
-        if o is None or e is None or o.kind != e.kind:
-            return False
-        if o.kind == "memory" and sanitizer.rss_bound(o.line) and sanitizer.rss_bound(e.line):
-            # one RSS bound passed, whichever sampler saw it first: which step it noticed it
-            # at is timing, so the command is no part of this bug's signature
-            return True
-        if o.command != e.command:
-            return False
-        if o.same_bug(e):
-            return True
-        if o.signal == e.signal and (same_abort_site(o.line, e.line) or (
-                across_builds and same_abort_moved(o.line, e.line))):
-            return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
-        if o.signal == e.signal and o.line.startswith(e.line + " from "):
-            return True  # saved by a shim that did not yet name the caller of a libc fault
-        if sanitizer.same_report(o.line, e.line):
-            # One sanitizer error seen by two builds: how it ends the process is a runtime
-            # option (exit 1 in process, SIGABRT from a server with abort_on_error).
-            return True
-        # Two deaths without a log line (saved and replayed without the fault shim, see
-        # faultinfo): the signal and the command are all there is to compare. One with a
-        # line and one without is not shown to be the same bug.
-        return not o.line and not e.line and o.signal == e.signal
+        """The same bug, by the one replay rule (:func:`.signature.reproduces`)."""
+        return reproduces(self.expected, self.observed, across_builds=across_builds)
 
     def summary(self) -> str:
         lines = [f"target   : {self.target} ({self.steps} steps)",

@@ -124,8 +124,9 @@ def _oracle_rows(o: dict | None) -> list[str]:
 def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) -> list[str]:
     """Why a campaign tested nothing worth its verdict: a worker whose target never listened,
     or fewer messages exchanged than ``min_messages`` (client targets: no session at all).
-    Empty when the campaign ran; ``harness fuzz`` exits non-zero otherwise."""
-    out = []
+    A finding whose replay could not run (:func:`replay_problems`) is one too. Empty when
+    the campaign ran; ``harness fuzz`` exits non-zero otherwise."""
+    out = replay_problems(report)
     if report.get("engine") == "libfuzzer":  # in process: no server listens, inputs count
         least = max(min_messages, 1)
         if report.get("executions", 0) < least:
@@ -145,6 +146,20 @@ def campaign_problems(report: dict, min_messages: int = DEFAULT_MIN_MESSAGES) ->
                    f"minimum {min_messages:,} (--min-messages)")
     out += systematic_problems(report)
     return out
+
+
+def replay_problems(report: dict) -> list[str]:
+    """Findings whose replay could not run (the live server it needs is missing, or would not
+    start): an unconfirmed finding is no "does not replay", and no campaign is green on it."""
+    return [f"finding {f['id']}: its replay could not run ({f['replay_error']})"
+            for f in report.get("findings") or [] if f.get("replay_error")]
+
+
+def replay_cell(finding: dict) -> str:
+    """A finding's replay column: yes, no, or that it could not run."""
+    if finding.get("replay_error"):
+        return "**could not run**"
+    return {True: "yes", False: "**no**", None: "?"}[finding.get("replays")]
 
 
 SYSTEMATIC_FROM_S = 120.0  # a campaign this long must have exercised every catalogue entry
@@ -256,9 +271,14 @@ def render_markdown(r: dict, out: Path) -> str:
                   f"over {r['elapsed_s']:.0f} s.", ""]
     if r["interrupted"]:
         lines += ["The campaign was interrupted before its duration ended.", ""]
-    if r.get("problems"):
+    unreplayed = replay_problems(r)
+    untested = [p for p in r.get("problems") or [] if p not in unreplayed]
+    if untested:
         lines += ["**The campaign did not test the target**: " + "; ".join(
-            _md(p) for p in r["problems"]) + ".", ""]
+            _md(p) for p in untested) + ".", ""]
+    if unreplayed:
+        lines += ["**Findings whose replay could not run** (the campaign fails on them): "
+                  + "; ".join(_md(p) for p in unreplayed) + ".", ""]
     if r["target_kind"] == "client":
         # Each session is a fresh client process facing one misbehaving server: no message
         # counts, restarts or server memory to report.
@@ -378,7 +398,7 @@ def _render_rest(r: dict, out: Path, lines: list[str]) -> str:
                   "replays | dups |", "|---|---|---|---|---|---|---|---|"]
         for f in r["findings"]:
             s = f["signature"]
-            replays = {True: "yes", False: "**no**", None: "?"}[f.get("replays")]
+            replays = replay_cell(f)
             lines.append(f"| [{f['id']}](#{f['id']}) | {s['kind']} | {s['signal'] or '-'} | "
                          f"{s['command']} | `{_md(s['line'] or '-')}` | {f['steps']} "
                          f"({f.get('original_steps', f['steps'])}) | {replays} | "

@@ -183,6 +183,41 @@ def same_abort_moved(a: str, b: str) -> bool:
     return bool(ma and mb and ma["file"] == mb["file"] and ma["msg"] == mb["msg"])
 
 
+def reproduces(expected: Signature | None, observed: Signature | None, *,
+               across_builds: bool = False, command: bool = True) -> bool:
+    """The one replay rule (TCP, RDMA, client and in-process replays, minimisation): did a run
+    that ended with ``observed`` reproduce the finding saved as ``expected``? The same class,
+    the same abort line / sanitizer report / faulting frame (an abort moved to another line
+    only ``across_builds``), and the same command (unless ``command`` is False: engines whose
+    signature names the request that happened to be running). A reproducer without a saved
+    signature reproduces nothing: any failure would do, which is no evidence that it is this
+    one; neither does a death without a log line where the saved one has a line."""
+    o, e = observed, expected
+    if o is None or e is None or o.kind != e.kind:
+        return False
+    if o.kind == "memory" and sanitizer.rss_bound(o.line) and sanitizer.rss_bound(e.line):
+        # one RSS bound passed, whichever sampler saw it first: which step it noticed it
+        # at is timing, so the command is no part of this bug's signature
+        return True
+    if command and o.command != e.command:
+        return False
+    if o.same_bug(e, command=command):
+        return True
+    if o.signal == e.signal and (same_abort_site(o.line, e.line) or (
+            across_builds and same_abort_moved(o.line, e.line))):
+        return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
+    if o.signal == e.signal and e.line and o.line.startswith(e.line + " from "):
+        return True  # saved by a shim that did not yet name the caller of a libc fault
+    if sanitizer.same_report(o.line, e.line):
+        # One sanitizer error seen by two builds: how it ends the process is a runtime
+        # option (exit 1 in process, SIGABRT from a server with abort_on_error).
+        return True
+    # Two deaths without a log line (saved and replayed without the fault shim, see
+    # faultinfo): the signal and the command are all there is to compare. One with a
+    # line and one without is not shown to be the same bug.
+    return not o.line and not e.line and o.signal == e.signal
+
+
 _VM_HWM = re.compile(r"^VmHWM:\s+(\d+) kB", re.M)
 
 

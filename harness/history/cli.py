@@ -74,6 +74,46 @@ def history_show(store_path: Path = typer.Option(DEFAULT_STORE, "--store")):
                   soft_wrap=True)
 
 
+FIGURES_STORE = Path("fixtures") / "figures" / "history.jsonl"
+
+
+@history_app.command("figures")
+def history_figures(document: Path = typer.Argument(Path("README.md"),
+                                                   help="A document with marked figures."),
+                    store_path: Path = typer.Option(FIGURES_STORE, "--store",
+                                                    help="The records the figures quote (a "
+                                                    "store committed with the document)."),
+                    add: list[Path] = typer.Option([], "--add", help="First file this report "
+                                                   "folder's run or campaign record into the "
+                                                   "store (its local path left out)."),
+                    write: bool = typer.Option(False, "--write",
+                                               help="Put the rendered figures into DOCUMENT.")):
+    """Hold a document's measured figures (<!-- figure run:ID -->...<!-- /figure -->) to the
+    records they were measured in: list the stale ones (exit 1), or rewrite them."""
+    from . import figures as fig, store
+    try:
+        for folder in add:
+            n = store.append(store_path, fig.summary_records(folder))
+            console.print(f"{store_path}: {n} record(s) added from {folder}", highlight=False)
+        records = store.read(store_path)
+        text = document.read_text()
+        if write:
+            document.write_text(fig.rewrite(text, records))
+            text = document.read_text()
+        found = fig.figures(text, records)
+    except (HistoryError, OSError) as e:
+        _fail(e)
+    stale = [f for f in found if f.stale]
+    for f in stale:
+        console.print(f"{document}: figure {f.kind}:{f.record_id} says {f.said!r}; "
+                      + (f"the record says {f.measured!r}" if f.measured is not None
+                         else f"{store_path} has no such record"),
+                      highlight=False, markup=False, soft_wrap=True)
+    console.print(f"{document}: {len(found)} figure(s), {len(stale)} stale", highlight=False)
+    if stale:
+        raise typer.Exit(1)
+
+
 @reports_app.command("prune")
 def reports_prune(keep: Optional[int] = typer.Option(None, "--keep",
                                                      help="Keep the newest N of each kind."),

@@ -11,14 +11,14 @@ from ..capture.loadprof_log import ConnectionProfile, of_side, parse_loadprof
 from ..capture.proxy import RecordingProxy
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter
-from ..impls.driver import ClientDriver
+from ..impls.driver import ClientAborted, ClientDriver, ExitInfo
 from ..impls.model_client import (LOADPROF_ENV, LOAD_MODEL_SPEC, ensure_shim,
                                   layer_weight_bytes, run_llama_simple, tiny_model)
 from ..impls.supervisor import ServerProcess
 from ..reference.client import RefClient
 from ..reference.knobs import Misbehaviour
 from ..proto import Session
-from ..scenario import PROGRAM_MISSING, REJECTED, Observation, Skip, handshake_facts
+from ..scenario import PROGRAM_MISSING, Observation, Skip, judge_abort
 from .cells import Cell
 from .load_runs import load_run_row, run_summary
 from .rdma_soft import SoftRdmaCell
@@ -54,6 +54,15 @@ class FleetServer:
     def profiles(self) -> list[ConnectionProfile]:
         """The server's own load profile records (GGML_RPC_LOADPROF=1 builds print them)."""
         return of_side(parse_loadprof(self.server.log_text().splitlines()), "server")
+
+
+def model_client_rejection(ctx, exit_info: ExitInfo, sessions: list[Session]) -> Observation:
+    """The model client ended saying it refused the server's version: a rejection by the
+    client only as far as this run's connections show it (judge_abort: the server's HELLO
+    answer on the wire, nothing sent after it, the version named in the message); without
+    that answer the server hung up at HELLO, or the run failed. The message alone is the
+    client's word, not evidence."""
+    return judge_abort(ctx, ClientAborted(exit_info), sessions)
 
 
 @dataclass
@@ -247,10 +256,10 @@ class CellContext:
             rpc = run_llama_simple(bin_dir, model, servers=[m.endpoint for m in servers],
                                    shim=shim, env=LOADPROF_ENV, timeout=timeout)
             if rpc.exit.aborted and "version mismatch" in (rpc.exit.message or ""):
-                sessions = self.sessions()
-                return {"rejected": True, "observation": Observation(
-                    REJECTED, rejected_by="client", message=rpc.exit.message,
-                    facts=handshake_facts(sessions[0]) if sessions else {})}
+                this_run = [t.decode() for m, (n_conns, _) in zip(servers, marks)
+                            for t in m.transcripts()[n_conns:]]
+                return {"rejected": True,
+                        "observation": model_client_rejection(self, rpc.exit, this_run)}
             label = ("cold", "warm")[i] if runs == 2 and self.cache else str(i + 1)
             equal = local.ok and rpc.ok and local.stdout == rpc.stdout
             clients = of_side(parse_loadprof(rpc.log), "client")

@@ -114,12 +114,10 @@ def cell_skip(job: PlannedCell) -> Skip | None:
 
 
 def _soft_skip(job: PlannedCell) -> Skip | None:
-    reason = soft_unavailable(job.client.kind, job.server.kind)
-    if reason:
-        real = {job.client.kind, job.server.kind} <= {"pin", "user", "ref"}
-        # with real peers in both roles only the device can be missing
-        return Skip(reason, DEVICE_MISSING if real else NOT_APPLICABLE,
-                    RDMA_SOFT if real else None)
+    # not applicable to the kinds, the device missing, or its build failed (a build error)
+    skip = soft_unavailable(job.client.kind, job.server.kind)
+    if skip:
+        return skip
     for adapter in (job.client, job.server):
         if adapter.kind == "ref":
             continue

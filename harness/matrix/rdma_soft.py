@@ -26,12 +26,12 @@ from ..impls.adapters import Adapter
 from ..impls.driver import ClientDriver
 from ..proto.constants import RDMA_CHUNK, RDMA_RX_RING
 from ..reference.knobs import Misbehaviour
-from ..scenario import Check
+from ..scenario import BUILD_ERROR, DEVICE_MISSING, Check, Skip
 from ..transport.caps import ZERO_CAPS, unpack_linux
 from ..transport.rdma_core import config_for_dialect
-from ..transport.softverbs import (ACTIVATED_RE, QpCapture, SoftverbsUnavailable,
-                                   build_softverbs, rdma_carried_problems, read_capture,
-                                   read_qp_stats, softverbs_env)
+from ..transport.softverbs import (ACTIVATED_RE, QpCapture, SoftverbsBuildError,
+                                   SoftverbsUnavailable, build_softverbs, rdma_carried_problems,
+                                   read_capture, read_qp_stats, softverbs_env)
 
 TRANSPORT = "rdma-soft"
 RDMA_SUFFIX = "+rdma"  # the cache entry of `harness peers build PIN --rdma`
@@ -43,16 +43,20 @@ SLOTS_RE = re.compile(r"RDMA probed: .* send slots=(\d+)")  # the seed-000 build
 REAL_KINDS = ("pin", "user")  # their RDMA builds; kind ref: pyverbs (harness.matrix.soft_ref)
 
 
-def unavailable(client_kind: str, server_kind: str) -> str | None:
-    """Why a cell of these kinds has no rdma-soft form (None: it has)."""
+def unavailable(client_kind: str, server_kind: str) -> Skip | None:
+    """Why a cell of these kinds has no rdma-soft form here (None: it has): not applicable to
+    its kinds, the device missing (no compiler or verbs headers), or a build error (the
+    device's compile failed: never a skip any run accepts)."""
     for kind in (client_kind, server_kind):
         if kind not in (*REAL_KINDS, "ref"):
-            return (f"rdma-soft cells run RDMA builds or the reference peer on pyverbs; a {kind} "
-                    "peer has neither here")
+            return Skip(f"rdma-soft cells run RDMA builds or the reference peer on pyverbs; a "
+                        f"{kind} peer has neither here")
     try:
         build_softverbs()
+    except SoftverbsBuildError as e:
+        return Skip(str(e), BUILD_ERROR, "softverbs")
     except SoftverbsUnavailable as e:
-        return str(e)
+        return Skip(str(e), DEVICE_MISSING, TRANSPORT)
     return None
 
 

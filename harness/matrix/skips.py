@@ -5,7 +5,8 @@ property of the matrix and never fails a run. A cell skipped because something i
 here (a real peer is not built, llama-simple is absent, no RDMA device) would turn evidence
 into silence, so it fails the run unless the run names it: ``--allow-skip REASON`` accepts a
 skip whose code equals REASON (``peer-missing``, ``program-missing``, ``device-missing``) or
-whose reason or missing thing contains REASON (``p8``, ``llama-simple``).
+whose reason or missing thing contains REASON (``p8``, ``llama-simple``). A cell skipped on a
+build error (``build-error``: the soft verbs device did not compile) is never accepted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..scenario import NOT_APPLICABLE, SKIP_CODES
+from ..scenario import BUILD_ERROR, NOT_APPLICABLE, SKIP_CODES
 
 NOT_FAILURES = ("pass", "skip")  # verdicts that fail nothing by themselves
 
@@ -34,6 +35,8 @@ class AllowSkip:
         code = row.get("skip_code")
         if code == NOT_APPLICABLE:
             return True
+        if code == BUILD_ERROR:
+            return False  # a build error is a failure, whatever --allow-skip names
         text = " ".join(str(row.get(k) or "") for k in ("reason", "skip_missing")).lower()
         return any(r == code or (r not in SKIP_CODES and r.lower() in text)
                    for r in self.reasons)

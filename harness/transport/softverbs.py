@@ -54,6 +54,11 @@ class SoftverbsUnavailable(TransportError):
     """softverbs cannot be built here; the message says why and what to install."""
 
 
+class SoftverbsBuildError(SoftverbsUnavailable):
+    """softverbs' compile failed (the compiler and headers are there): a build error, which
+    no run may take for a missing device."""
+
+
 def _compiler(cc: str | None) -> str:
     cc = cc or os.environ.get("CC") or "cc"
     path = shutil.which(cc)
@@ -75,7 +80,7 @@ def build_softverbs(*, cc: str | None = None, out_dir: str | os.PathLike | None 
 
     Cached per source, version script, compiler, flags and ``defines`` (e.g. the tests'
     planted faults, ``("SOFTVERBS_PLANT_NO_RNR",)``). Raises :class:`SoftverbsUnavailable` without a compiler or the verbs headers,
-    and with the compiler's output when the compile fails.
+    and :class:`SoftverbsBuildError` with the compiler's output when the compile fails.
     """
     cc = _compiler(cc)
     h = hashlib.sha256()
@@ -97,8 +102,8 @@ def build_softverbs(*, cc: str | None = None, out_dir: str | os.PathLike | None 
     try:
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
         if r.returncode != 0:
-            raise SoftverbsUnavailable(f"softverbs compile failed ({' '.join(cmd)}):\n"
-                                       f"{r.stderr.strip()}")
+            raise SoftverbsBuildError(f"softverbs compile failed ({' '.join(cmd)}):\n"
+                                      f"{r.stderr.strip()}")
         os.replace(tmp, lib)
     finally:
         if os.path.exists(tmp):
@@ -232,6 +237,7 @@ __all__ = [
     "LIB_NAME",
     "QpCapture",
     "QpStats",
+    "SoftverbsBuildError",
     "SoftverbsUnavailable",
     "build_softverbs",
     "rdma_carried_problems",

@@ -101,12 +101,15 @@ def _sysfs_note() -> str:
     return f"{SYSFS} lists {', '.join(names) or 'nothing'}"
 
 
+PYVERBS_NOT_IMPORTABLE = "pyverbs not importable: "  # how verbs_available() says so
+
+
 def verbs_available() -> tuple[bool, str]:
     """(True, the devices) when pyverbs works and sees a device, else (False, why not)."""
     try:
         device = import_pyverbs()
     except ImportError as e:
-        return False, (f"pyverbs not importable: {e}; install rdma-core's python3-pyverbs "
+        return False, (f"{PYVERBS_NOT_IMPORTABLE}{e}; install rdma-core's python3-pyverbs "
                        f"(Debian) or point {PYVERBS_PATH_ENV} at its dist-packages")
     try:
         devs = device.get_device_list()
@@ -115,6 +118,14 @@ def verbs_available() -> tuple[bool, str]:
     if not devs:
         return False, f"no RDMA devices: ibv_get_device_list returned none; {_sysfs_note()}"
     return True, "RDMA devices: " + ", ".join(_name(d) for d in devs)
+
+
+def unavailable_code(reason: str) -> str:
+    """The skip code for :func:`verbs_available`'s reason: a missing pyverbs is a Debian
+    package away (``pyverbs-missing``, a failure under CI); no device is the hardware CI
+    machines lack (``rdma-hca``, on the reviewed list)."""
+    from ..strictness import PYVERBS_MISSING, RDMA_HCA
+    return PYVERBS_MISSING if reason.startswith(PYVERBS_NOT_IMPORTABLE) else RDMA_HCA
 
 
 def _name(dev) -> str:

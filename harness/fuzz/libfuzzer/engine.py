@@ -37,10 +37,10 @@ from ...impls.sanitize import UBSAN_SUPPRESSIONS
 from ...proto import DEFAULT, get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
-from ..report import build_report, campaign_problems, render_markdown
+from ..report import build_report, campaign_problems, render_markdown, replay_cell
 from ..shrink import save_reproducer
 from ..target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT
-from ..signature import Signature, death_line, vm_hwm
+from ..signature import Signature, death_line, reproduces, vm_hwm
 from ..target_spec import TargetSpec
 from ..errors import TargetError
 from . import corpus as lfc
@@ -271,7 +271,7 @@ def minimise(binary: Path, failure: "Failure", dialect: str, env: dict, work: Pa
     data = dst.read_bytes()
     log = rerun(binary, dst, env, deadline)
     got = signature_of(log, dialect, data) if log is not None else None
-    if got is None or not got[0].same_bug(failure.signature, command=False):
+    if got is None or not reproduces(failure.signature, got[0], command=False):
         return failure.data, False
     failure.signature = got[0]  # the command of the minimal input (like a lockstep run)
     return data, True
@@ -580,7 +580,8 @@ def _replayed(cfg: LibFuzzerConfig, folder: Path, dialect: str, target: str,
         return {"replayed_against": target, "replays": result.reproduced,
                 "live_observed": result.observed.title() if result.observed else None}
     except TargetError as e:
-        return {"replayed_against": target, "replays": None,
+        # not a "no": a finding whose replay could not run fails the campaign (report.py)
+        return {"replayed_against": target, "replays": None, "replay_error": str(e),
                 "live_observed": f"replay could not run: {e}"}
 
 
@@ -665,7 +666,7 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
                   "sanitizer build):", "",
                   "| id | replayed against | reproduced | live server |", "|---|---|---|---|"]
         lines += [f"| {f['id']} | `{f.get('replayed_against', r['target'])}` | "
-                  f"{'yes' if f.get('replays') else 'no'} | "
+                  f"{replay_cell(f)} | "
                   f"{(f.get('live_observed') or 'survived').replace('|', '/')}"
                   f"{RELEASE_SURVIVED if f.get('release_replays') is False else ''} |"
                   for f in replayed]

@@ -43,7 +43,7 @@ from ...impls.registry import PeerError, get_peer
 from ...transport.softverbs import (STATS_DIR_ENV, SoftverbsUnavailable, build_softverbs,
                                     read_qp_stats, softverbs_env)
 from ..target import Target
-from ..signature import Signature, normalise
+from ..signature import Signature, normalise, reproduces
 from ..target_spec import TargetSpec, dialect_or_none
 from ..errors import TargetError
 from .plans import (DIALECT, SEND_PLANS, RdmaCase, aligned, first_misfit, plan_catalogue, predict,
@@ -224,8 +224,9 @@ def _legal_verdict(case: RdmaCase, res: dict) -> tuple[str | None, Signature | N
 def same_finding(a: Signature | None, b: Signature | None) -> bool:
     """Minimisation and replay keep a finding while its whole signature stays: kind, signal,
     line and the read the first misfit SEND overruns (a shrink that moves the overrun to
-    another read, or makes a death of starvation one of overrun, is another finding)."""
-    return a is not None and b is not None and a.same_bug(b)
+    another read, or makes a death of starvation one of overrun, is another finding), by the
+    one replay rule (``a`` observed, ``b`` the finding's)."""
+    return reproduces(b, a)
 
 
 # ---------------------------------------------------------------- minimisation

@@ -3,7 +3,7 @@
 FILE is a reproducer folder, its ``repro.json`` or ``finding.json``. The target's ``+rdma``
 build is started fresh on the soft device, the case runs once (then the liveness client, as in
 the campaign), everything is stopped, and the observation is compared with the signature the
-reproducer was saved with (kind, signal and log line; see :func:`.campaign.same_finding`).
+reproducer was saved with, by the one replay rule (:func:`..signature.reproduces`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..signature import Signature
-from .campaign import REPRO_FORMAT, RdmaOutcome, RdmaSession, resolve_target, same_finding
+from ..signature import Signature, reproduces
+from .campaign import REPRO_FORMAT, RdmaOutcome, RdmaSession, resolve_target
 from .plans import RdmaCase
 
 
@@ -45,9 +45,7 @@ class RdmaReplayResult:
 
     @property
     def reproduced(self) -> bool:
-        if self.expected is None:
-            return self.observed is not None
-        return same_finding(self.observed, self.expected)
+        return reproduces(self.expected, self.observed)
 
     def summary(self) -> str:
         o = self.observation
