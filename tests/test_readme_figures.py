@@ -96,8 +96,8 @@ FIGURES_STORE = ROOT / "fixtures" / "figures" / "history.jsonl"
 def test_every_marked_figure_is_what_its_record_says():
     found = fig.figures(README, store.read(FIGURES_STORE))
     stale = [f for f in found if f.stale]
-    assert not stale, "README figures that are not their records' (`harness history figures " \
-        docs/results.md --write` rewrites them):\n" + "\n".join(
+    assert not stale, "figures that are not their records' (`harness history figures " \
+        "docs/results.md --write` rewrites them):\n" + "\n".join(
             f"{f.kind}:{f.record_id}: README {f.said!r}, record {f.measured!r}" for f in stale)
 
 
