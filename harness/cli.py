@@ -612,6 +612,9 @@ def fuzz(
     phases: str = typer.Option("all", "--phases", help="Which parts of the deterministic "
                                "sweep run, comma-separated: catalogue, boundary, "
                                "combinatorial, stateful, scale (all: every one)."),
+    sweep_only: bool = typer.Option(False, "--sweep-only", help="Run the deterministic sweep "
+                                    "whole and stop (the duration is then its upper bound); "
+                                    "what the release watch runs against a new build."),
 ):
     """Fuzz a server (or a client) for a bounded time; minimal reproducers go to reports/."""
     from .fuzz.cli import fuzz_command
@@ -631,7 +634,8 @@ def fuzz(
                                   min_messages=min_messages, shard=shard,
                                   differential=differential, allow=allow, no_allow=no_allow,
                                   engine=engine, oracles=oracles, transport=transport,
-                                  sweep_share=sweep_share, phases=phases))
+                                  sweep_share=sweep_share, phases=phases,
+                                  sweep_only=sweep_only))
 
 
 @app.command()
@@ -744,8 +748,8 @@ def watch(
                                          "(none: this run is the baseline)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Report folder (default "
                                        "reports/watch-<time>)."),
-    sessions: int = typer.Option(300, "--sessions", help="Differential sessions per newest "
-                                 "build."),
+    sessions: int = typer.Option(300, "--sessions", help="Random differential sessions per "
+                                 "newest build, after the whole deterministic sweep."),
     seed: int = typer.Option(0, "--seed", help="The differential sessions' seed."),
     reproducers: Optional[Path] = typer.Option(None, "--reproducers", help="Saved reproducers "
                                                "to replay (default: the ones shipped with the "
@@ -754,9 +758,10 @@ def watch(
     matrix_file: Path = _matrix_option(),
 ):
     """The release watch: build the newest build of every package, run the releases design
-    with them, a differential of each against the reference of its dialect, and every saved
-    reproducer against each; exit 1 on anything that changed since --state, a broken cell or
-    a build that fails."""
+    with them, the whole deterministic sweep of each as a differential against the reference
+    of its dialect and as a live campaign with the accepted-out-of-bounds oracle, and every
+    saved reproducer against each; exit 1 on anything that changed since --state, a broken
+    cell or a build that fails."""
     import time as _time
 
     from .impls.progress import RichBuildProgress

@@ -76,8 +76,11 @@ def test_a_real_watch_is_its_own_baseline_and_sees_a_planted_change(tmp_path):
     repros = tmp_path / "repros"
     for name in ("p8-crash-graph_compute-5b517a6f", "p7-crash-get_tensor-671d0589"):
         shutil.copytree(shipped("reproducers") / name, repros / name)
+    # the catalogue walk stands for the whole sweep here: the mechanics are the same, the
+    # sweep's phases against real builds are tests/test_phases_real.py's
     cfg = WatchConfig(out=tmp_path / "w1", matrix_file=matrix, sessions=20, seed=3,
-                      reproducers=repros, packages=("llama-cpp-py-sync",))
+                      reproducers=repros, packages=("llama-cpp-py-sync",),
+                      phases=("catalogue",))
     first, code = run_watch(cfg, say=lambda _: None)
     assert first.baseline and first.changes == []
     assert code == 0, first.problems
@@ -88,20 +91,26 @@ def test_a_real_watch_is_its_own_baseline_and_sees_a_planted_change(tmp_path):
                                                                   "reproduced"},
                              "p7-crash-get_tensor-671d0589": {"newest:llama-cpp-py-sync":
                                                                "no failure"}}
-    assert first.differential["newest:llama-cpp-py-sync"]["cases"] == 20
-    assert (tmp_path / "w1" / "watch.md").is_file()
+    from harness.fuzz.sweep import size as sweep_size
+    assert first.differential["newest:llama-cpp-py-sync"]["cases"] == \
+        sweep_size("8.0.0", only=("catalogue",)) + 20
+    live = first.fuzz["newest:llama-cpp-py-sync"]
+    assert live["cases"] >= sweep_size("8.0.0", only=("catalogue",)), live
+    assert "live sweep findings" in (tmp_path / "w1" / "watch.md").read_text()
 
     # the last run saw other answers: the watch names exactly those and fails
     planted = copy.deepcopy(first.to_json())
     planted["verdicts"]["p7|newest:llama-cpp-py-sync"]["outcome"] = "works"
     planted["replays"]["p7-crash-get_tensor-671d0589"]["newest:llama-cpp-py-sync"] = "reproduced"
     planted["differential"] = {}  # not compared: its sessions may find what the last did not
+    planted["fuzz"]["newest:llama-cpp-py-sync"]["findings"].append("crash-planted-00000000")
     state = tmp_path / "state.json"
     state.write_text(json.dumps(planted))
     second, code = run_watch(WatchConfig(**{**cfg.__dict__, "out": tmp_path / "w2",
                                             "state": state}), say=lambda _: None)
     assert code == 1 and not second.baseline
     assert sorted((c["kind"], c["key"]) for c in second.changes) == [
+        ("fuzz", "newest:llama-cpp-py-sync"),
         ("replay", "p7-crash-get_tensor-671d0589 @ newest:llama-cpp-py-sync"),
         ("verdict", "p7|newest:llama-cpp-py-sync")]
-    assert "2 change(s)" in (tmp_path / "w2" / "watch.md").read_text()
+    assert "3 change(s)" in (tmp_path / "w2" / "watch.md").read_text()

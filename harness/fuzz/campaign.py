@@ -93,6 +93,9 @@ class CampaignConfig:
     # duration; 0 leaves it out
     sweep_share: float = SWEEP_SHARE
     phases: tuple[str, ...] = PARTS  # which of the sweep's parts run
+    # stop once the sweep is done (its share is then the whole duration, an upper bound):
+    # the deterministic phases whole, as the release watch runs them
+    sweep_only: bool = False
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -174,7 +177,7 @@ class _Worker:
             # inside the try: an interrupt while the target starts must still stop it
             self.target.start()
             self.dialect = self.target.dialect
-            if self.cfg.sweep_share > 0:
+            if self.cfg.sweep_share > 0 or self.cfg.sweep_only:
                 # built (or read from the cache) before the clock starts: a first campaign
                 # after an upgrade spent its time drawing the walk and building the covering
                 # arrays (a 4 s bench campaign sent nothing), which is set-up, not fuzzing
@@ -191,7 +194,7 @@ class _Worker:
             self._warm_up()
             self._sweep()
             round_no = 0
-            while time.time() < self.end:
+            while time.time() < self.end and not self.cfg.sweep_only:
                 generated = self.stats["generated"]
                 self._round(self.seed * 1_000_003 + round_no)
                 round_no += 1
@@ -229,14 +232,15 @@ class _Worker:
         walk, the boundary classes, the covering arrays, the stateful pairs, the scale
         classes, in at most ``sweep_share`` of the campaign's time. What it did not reach in
         time is counted (sweep_done < sweep_total), and the report says so."""
-        if self.cfg.sweep_share <= 0:
+        if self.cfg.sweep_share <= 0 and not self.cfg.sweep_only:
             return
         shard = (self.global_index + 1, self.cfg.all_workers)
         self.stats["sweep_total"] = sweep_size(self.dialect, shard=shard, only=self.cfg.phases)
         self.sweep_shard = list(shard)
         self.emit({"type": "sweep", "worker": self.index, "total": self.stats["sweep_total"],
                    "dialect": self.dialect})
-        stop = self.t0 + self.cfg.sweep_share * max(self.end - self.t0, 0.0)
+        share = 1.0 if self.cfg.sweep_only else self.cfg.sweep_share
+        stop = self.t0 + share * max(self.end - self.t0, 0.0)
         t0 = last = time.perf_counter()
         for item in sweep_cases(self.dialect, shard=shard, only=self.cfg.phases):
             if time.time() >= min(stop, self.end):

@@ -21,7 +21,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                  min_messages: int = DEFAULT_MIN_MESSAGES, shard: str = "1/1",
                  differential: tuple[str, str] | None = None, allow: Path | None = None,
                  no_allow: bool = False, engine: str = "live", oracles: dict | None = None,
-                 transport: str = "tcp", sweep_share: float = 0.2, phases: str = "all") -> int:
+                 transport: str = "tcp", sweep_share: float = 0.2, phases: str = "all",
+                 sweep_only: bool = False) -> int:
     """Run a campaign and print where its report is. Exit status 0: findings are results,
     unless ``fail_on_findings`` (then 1 if anything was found); 2 when the campaign could not
     test the target (it never listened, or fewer than ``min_messages`` were exchanged)."""
@@ -78,7 +79,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                                  rss_limit=rss_limit, as_limit=as_limit,
                                  shrink_seconds=shrink_seconds, max_steps=max_steps,
                                  allow=allow, min_messages=min_messages, keep_work=keep_work,
-                                 sweep_share=sweep_share, phases=chosen)
+                                 sweep_share=sweep_share, phases=chosen,
+                                 sweep_only=sweep_only)
         runner = run_differential
         target = f"{differential[0]} vs {differential[1]}"
     elif engine == "libfuzzer":
@@ -101,7 +103,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
                              as_limit=as_limit, corpus=corpus, shrink_seconds=shrink_seconds,
                              max_steps=max_steps, keep_work=keep_work,
                              min_messages=min_messages, shard=shard_of,
-                             oracles=oracles or {}, sweep_share=sweep_share, phases=chosen)
+                             oracles=oracles or {}, sweep_share=sweep_share, phases=chosen,
+                             sweep_only=sweep_only)
         runner = run_campaign
     try:
         with LiveProgress(console, target, seconds) as live:

@@ -409,6 +409,7 @@ class DifferentialConfig:
     # count towards max_cases); 0 leaves it out
     sweep_share: float = SWEEP_SHARE
     phases: tuple[str, ...] = PARTS  # which of the sweep's parts run
+    sweep_only: bool = False  # stop once the sweep is done (max_cases may still add random)
 
     def to_json(self) -> dict:
         d = asdict(self)
@@ -467,6 +468,7 @@ def run_differential(cfg: DifferentialConfig, *,
              "allowed": 0, "both_broke": 0, "restarts": 0, "sweep_total": 0, "sweep_done": 0}
     sweep_seconds = 0.0
     sweep_timing: Counter = Counter()  # seconds per deterministic phase
+    sweeping = False
     findings: list[dict] = []
     seen: set[str] = set()
     hits = [0] * len(allow)  # sessions each allow-list entry let pass
@@ -490,7 +492,8 @@ def run_differential(cfg: DifferentialConfig, *,
         dialect = pair.start()
         local_only = not all(s.is_reference for s in specs)
         strategy = cases(dialect, max_steps=cfg.max_steps, local_only=local_only)
-        if cfg.sweep_share > 0:
+        sweeping = cfg.sweep_share > 0 or cfg.sweep_only
+        if sweeping:
             # set-up, as in a campaign's worker: built (or read from the cache) before the
             # clock starts, or a first run after an upgrade spends its time on it
             prepare(dialect, local_only=local_only)
@@ -523,11 +526,12 @@ def run_differential(cfg: DifferentialConfig, *,
             progress.handle({"type": "finding", "finding": findings[-1]})
             emit()
 
-        if cfg.sweep_share > 0:
+        if sweeping:
             stats["sweep_total"] = sweep_size(dialect, local_only=local_only, only=cfg.phases)
             if on_progress is not None:
                 on_progress(progress)
-            stop, s0 = t0 + cfg.sweep_share * cfg.duration, time.time()
+            share = 1.0 if cfg.sweep_only else cfg.sweep_share
+            stop, s0 = t0 + share * cfg.duration, time.time()
             last = s0
             for item in sweep_cases(dialect, local_only=local_only, only=cfg.phases):
                 if not more() or time.time() >= stop:
@@ -542,7 +546,8 @@ def run_differential(cfg: DifferentialConfig, *,
             sweep_seconds = time.time() - s0
             emit()
         round_no = 0
-        while more():
+        # after a --sweep-only sweep, random sessions only up to max_cases
+        while more() and not (cfg.sweep_only and cfg.max_cases is None):
             @settings(database=None, max_examples=cfg.round_examples, deadline=None,
                       phases=(Phase.generate,), suppress_health_check=list(HealthCheck),
                       verbosity=Verbosity.quiet)
@@ -594,7 +599,7 @@ def run_differential(cfg: DifferentialConfig, *,
         "workers_never_listened": [i for i, n in enumerate(started) if not n],
         "config": cfg.to_json(),
     }
-    if cfg.sweep_share > 0 and dialect is not None:
+    if sweeping and dialect is not None:
         report["sweep"].update(phases_summary(dialect, [((1, 1), stats["sweep_done"])],
                                               sweep_timing, cfg.phases))
     report["problems"] = campaign_problems(report, cfg.min_messages)

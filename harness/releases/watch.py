@@ -6,8 +6,12 @@ One run (``harness watch``):
    is a failure of the watch);
 2. runs the releases design with those builds added (``harness matrix --design releases
    --with newest``: every real build against every other, one build per equivalence class);
-3. runs a fixed set of differential sessions of each newest build against the reference of
-   its dialect, with the dialect's shipped allow-list;
+3. runs the deterministic phases of the sweep whole (harness/fuzz/sweep.py: catalogue walk,
+   boundary classes, covering arrays, stateful pairs, scale classes) plus a fixed number of
+   random sessions as a differential of each newest build against the reference of its
+   dialect, with the dialect's shipped allow-list; and the same phases as a live campaign
+   against the build alone, where the accepted-out-of-bounds oracle (harness/fuzz/bounds.py)
+   judges a build with no reference too: a new upload is judged on all of it, not a sample;
 4. replays every saved reproducer (shipped in ``harness/data/reproducers``) against each
    newest build.
 
@@ -28,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..data import REPRODUCERS as _REPRODUCERS, default_matrix, shipped
+from ..fuzz.sweep import PARTS as SWEEP_PARTS, size as sweep_size
 
 FORMAT = "ggml-rpc-release-watch/1"
 ROLE_PREFIX = "newest:"
@@ -39,7 +44,10 @@ class WatchConfig:
     out: Path
     state: Path | None = None  # the previous run's watch.json
     matrix_file: Path = field(default_factory=default_matrix)
-    sessions: int = 300  # differential sessions per newest build
+    sessions: int = 300  # random differential sessions per newest build, after the sweep
+    workers: int = 2  # of the live campaign over the deterministic phases
+    fuzz_bound: float = 1800.0  # seconds either of a build's sweeps may take at most
+    phases: tuple[str, ...] = SWEEP_PARTS  # of the sweep (all; tests run a part)
     seed: int = 0
     reproducers: Path = REPRODUCERS
     packages: tuple[str, ...] = ()  # default: every package with llama.cpp builds
@@ -52,6 +60,7 @@ class WatchReport:
     builds: dict[str, str] = field(default_factory=dict)  # role -> "built" | "failed: ..."
     verdicts: dict[str, dict] = field(default_factory=dict)  # "client role|server role"
     differential: dict[str, dict] = field(default_factory=dict)  # role -> divergences
+    fuzz: dict[str, dict] = field(default_factory=dict)  # role -> the live sweep's findings
     replays: dict[str, dict[str, str]] = field(default_factory=dict)  # repro -> role -> result
     represented: dict[str, str] = field(default_factory=dict)
     matrix_run: str | None = None
@@ -106,6 +115,10 @@ def compare(before: WatchReport | None, after: WatchReport) -> list[dict]:
         old = before.differential.get(role)
         changed("differential", role, old and sorted(old["divergences"]), sorted(d["divergences"]),
                 build=d["build"], was=old and old["build"])
+    for role, f in after.fuzz.items():
+        old = before.fuzz.get(role)
+        changed("fuzz", role, old and sorted(old["findings"]), sorted(f["findings"]),
+                build=f["build"], was=old and old["build"])
     for repro, results in after.replays.items():
         for role, result in results.items():
             changed("replay", f"{repro} @ {role}", before.replays.get(repro, {}).get(role), result,
@@ -147,6 +160,7 @@ def run_watch(cfg: WatchConfig, *, say: Callable[[str], None] = print,
     usable = {r: b for r, b in report.newest.items() if report.builds.get(r) == "built"}
     _releases(cfg, report, usable, say)
     _differential(cfg, report, usable, say)
+    _fuzz(cfg, report, usable, say)
     _replays(cfg, report, usable, say)
     report.changes = compare(before, report)
     write(cfg.out, report)
@@ -203,20 +217,54 @@ def _differential(cfg: WatchConfig, report: WatchReport, usable: dict[str, str],
             report.problems.append(f"{role}: differential: {e}")
             continue
         t0 = time.monotonic()
+        cases = sweep_size(dialect, only=cfg.phases) + cfg.sessions
         cfg_d = DifferentialConfig(a=build, b=f"ref-{dialect}", dialect=dialect, seed=cfg.seed,
-                                   max_cases=cfg.sessions, duration=max(600.0, cfg.sessions),
+                                   max_cases=cases, duration=cfg.fuzz_bound, sweep_only=True,
+                                   phases=cfg.phases,
                                    out=cfg.out / "differential" / role.replace(":", "-"),
                                    allow=shipped_allow_list(dialect), shrink_seconds=10.0)
         _, r = run_differential(cfg_d)
-        if r["errors"] or r["cases"] < cfg.sessions:
-            report.problems.append(f"{role}: differential ran {r['cases']} of {cfg.sessions} "
-                                   f"sessions: {r['errors'] or r['problems']}")
+        if r["errors"] or r["cases"] < cases or not r["sweep"]["complete"]:
+            report.problems.append(f"{role}: differential ran {r['cases']} of {cases} "
+                                   f"sessions: {r['errors'] or r['problems'] or r['sweep']}")
         entry = {"build": build, "dialect": dialect, "cases": r["cases"],
                  "divergences": sorted(f["id"] for f in r["findings"]),
                  "seconds": round(time.monotonic() - t0, 1)}
         done[build] = report.differential[role] = entry
-        say(f"{role}: differential against ref-{dialect}: {r['cases']} sessions, "
+        say(f"{role}: differential against ref-{dialect}: {r['cases']} sessions (the whole "
+            f"sweep and {cfg.sessions} random) in {entry['seconds']:.0f} s, "
             f"{len(entry['divergences'])} divergences outside the allow-list")
+
+
+def _fuzz(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say) -> None:
+    """The deterministic phases whole as a live campaign against each newest build: its own
+    oracles (death, memory, time and the accepted-out-of-bounds one) judge it alone."""
+    from ..fuzz.bounds import ACCEPTED_OOB
+    from ..fuzz.campaign import CampaignConfig, run_campaign
+
+    done: dict[str, dict] = {}
+    for role, build in usable.items():
+        if build in done:
+            report.fuzz[role] = done[build]
+            continue
+        t0 = time.monotonic()
+        _, r = run_campaign(CampaignConfig(target=build, duration=cfg.fuzz_bound, seed=cfg.seed,
+                                           workers=cfg.workers, sweep_only=True,
+                                           shrink_seconds=10.0, phases=cfg.phases,
+                                           out=cfg.out / "fuzz" / role.replace(":", "-")))
+        if r["errors"] or r["problems"] or not r.get("sweep", {}).get("complete"):
+            report.problems.append(f"{role}: the live sweep did not finish: "
+                                   f"{r['errors'] or r['problems'] or r.get('sweep')}")
+        found = [f for f in r["findings"] if f.get("confirmed", True)]
+        entry = {"build": build, "cases": r["cases"],
+                 "findings": sorted(f["id"] for f in found),
+                 "accepted_out_of_bounds": sorted(f["id"] for f in found
+                                                  if f["signature"]["kind"] == ACCEPTED_OOB),
+                 "seconds": round(time.monotonic() - t0, 1)}
+        done[build] = report.fuzz[role] = entry
+        say(f"{role}: the deterministic sweep live ({cfg.workers} workers): {r['cases']} "
+            f"sessions in {entry['seconds']:.0f} s, {len(entry['findings'])} findings, "
+            f"{len(entry['accepted_out_of_bounds'])} of them accepted out of bounds")
 
 
 def _replays(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say) -> None:
@@ -247,11 +295,14 @@ def render_markdown(r: WatchReport) -> str:
     lines.append("Baseline run: nothing to compare with." if r.baseline else
                  f"**{len(r.changes)} change(s)** since the last watch." if r.changes else
                  "Nothing changed since the last watch.")
-    lines += ["", "| role | build | build status | differential divergences |", "|---|---|---|---|"]
+    lines += ["", "| role | build | build status | differential divergences (s) | "
+              "live sweep findings, accepted out of bounds (s) |", "|---|---|---|---|---|"]
     for role, build in r.newest.items():
-        d = r.differential.get(role)
+        d, f = r.differential.get(role), r.fuzz.get(role)
         lines.append(f"| {role} | {build} | {r.builds.get(role, '-')} | "
-                     f"{len(d['divergences']) if d else '-'} |")
+                     + (f"{len(d['divergences'])} ({d.get('seconds', 0):.0f} s)" if d else "-")
+                     + " | " + (f"{len(f['findings'])}, {len(f['accepted_out_of_bounds'])} "
+                                f"({f['seconds']:.0f} s)" if f else "-") + " |")
     if r.changes:
         lines += ["", "## Changes", "", "| kind | what | before | after |", "|---|---|---|---|"]
         for c in r.changes:
