@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import shutil
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,6 +19,30 @@ from .tools import missing_build_tools
 
 # the harness package's parent, so a child `python -m harness...` imports this very checkout
 _PACKAGE_PARENT = str(Path(__file__).resolve().parents[2])
+
+
+WHEEL_SERVER_SOURCE = Path(__file__).with_name("wheel_server.c")
+
+
+@functools.cache
+def wheel_launcher() -> Path | None:
+    """wheel_server.c compiled with the system compiler (cached by source hash), or None
+    without one: the Python module ``harness.impls.wheel_server`` then starts the server (31 ms
+    of CPU a start against 5: a campaign restarts a server after every crash it finds)."""
+    from .cache import cache_root
+    from .model_client import compile_shared_object
+    cc = os.environ.get("CC") or "cc"
+    if shutil.which(cc) is None:
+        return None
+    key = hashlib.sha256(WHEEL_SERVER_SOURCE.read_bytes() + cc.encode()).hexdigest()[:16]
+    out = cache_root() / "shims" / f"wheel-server-{key}" / "wheel_server"
+    if out.exists():
+        return out
+    try:
+        return compile_shared_object(cc, ["-O2", "-Wall", "-Werror", str(WHEEL_SERVER_SOURCE),
+                                          "-ldl"], out, 60.0)
+    except (RuntimeError, OSError, subprocess.SubprocessError):
+        return None
 
 
 @dataclass
@@ -54,12 +81,19 @@ class RealPeer:
         if self.kind == "wheel":
             if self.lib_dir is None:
                 raise PeerUnavailable(f"peer {self.name} has no library dir: {self.reason}")
+            cache = str(Path(cache_dir) / "rpc") if cache_dir is not None else None
+            launcher = wheel_launcher()
+            if launcher is not None:  # the same library calls, without a Python to start
+                if cache is not None:
+                    Path(cache).mkdir(parents=True, exist_ok=True)
+                return [str(launcher), str(self.lib_dir), f"{host}:{port}", str(threads),
+                        *([cache] if cache else [])], env
             env["PYTHONPATH"] = os.pathsep.join(
                 p for p in (_PACKAGE_PARENT, os.environ.get("PYTHONPATH", "")) if p)
             argv = [sys.executable, "-m", "harness.impls.wheel_server", str(self.lib_dir),
                     f"{host}:{port}", "--threads", str(threads)]
-            if cache_dir is not None:
-                argv += ["--cache-dir", str(Path(cache_dir) / "rpc")]
+            if cache is not None:
+                argv += ["--cache-dir", cache]
             return argv, env
         if self.server_binary is None:
             raise PeerUnavailable(f"peer {self.name} has no server binary: {self.reason}")
