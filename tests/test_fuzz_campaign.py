@@ -405,3 +405,54 @@ def test_found_after_is_when_a_finding_was_first_seen_not_when_it_was_minimised(
     other = Signature("crash", "SIGABRT", "planted", "GET_ALIGNMENT")
     worker._consider(Finding(other, case, seen_at=1040.0), hunt=True, confirmed=True)
     assert worker.hunting == other and worker.hunt_seen_at == 1040.0
+
+
+def _killer_then_session(tmp_path, monkeypatch, *, again: bool):
+    """A p7 abort (the shipped GET_TENSOR reproducer), then a valid sweep session that
+    starts while the server is still dying (exit_info not yet set: the race a sweep full of
+    aborts meets), run by the fast path."""
+    from harness.data import shipped
+    from harness.fuzz import sweep as sw
+    from harness.fuzz.case_runner import CaseRunner
+    from harness.fuzz.replay import load
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
+    require_peer_dir()
+    killer, _, _ = load(shipped("reproducers") / "p7-crash-get_tensor-671d0589" / "repro.rpct")
+    session = next(c.case for c in sw.sweep("7.0.0", only={"stateful"}))
+    target = Target(TargetSpec.parse("p7", "7.0.0"), tmp_path / "t")
+    target.start()
+    try:
+        runner = CaseRunner(target)
+        # the race: the server's exit is not seen until the runner settles the killer (after
+        # the next case found no HELLO answer)
+        dying = [True]
+        real_exit, real_settle = target.exit_info, runner._settle_pending
+        monkeypatch.setattr(target, "exit_info", lambda: None if dying[0] else real_exit())
+
+        def settle():
+            dying[0] = False
+            target.wait_exit(5.0)
+            return real_settle()
+        monkeypatch.setattr(runner, "_settle_pending", settle)
+        first, _ = runner.run_fast(killer)
+        verdicts, out = runner.run_fast(session, again=again)
+        return first + verdicts, out, killer, session
+    finally:
+        target.stop()
+
+
+@realpeer
+def test_a_case_that_finds_the_server_still_dying_runs_on_the_restarted_one(tmp_path,
+                                                                            monkeypatch):
+    verdicts, out, killer, session = _killer_then_session(tmp_path, monkeypatch, again=True)
+    assert any(v.case is killer for v in verdicts), verdicts  # the abort is the killer's
+    assert out.status == "ok" and out.proven == len(session.steps), out  # and it ran
+
+
+@realpeer
+def test_planted_a_case_that_finds_the_server_dying_is_not_run(tmp_path, monkeypatch):
+    """The old fast path: the predecessor settled, the case itself returned unrun."""
+    verdicts, out, killer, _ = _killer_then_session(tmp_path, monkeypatch, again=False)
+    assert any(v.case is killer for v in verdicts), verdicts
+    assert out.status != "ok" and out.proven == 0, out

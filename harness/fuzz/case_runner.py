@@ -201,9 +201,11 @@ class CaseRunner:
         return None
 
     # ---------------------------------------------------------------- campaign
-    def run_fast(self, case: Case) -> tuple[list[Finding], Outcome]:
+    def run_fast(self, case: Case, *, again: bool = True) -> tuple[list[Finding], Outcome]:
         """Run ``case`` as part of a stream of cases; returns the verdicts it settled (about
-        this case, or about the previous one that this case proved guilty)."""
+        this case, or about the previous one that this case proved guilty). A case that found
+        the server still dying of the previous one runs again on the restarted server
+        (``again``): it was not tried, and a sweep counts it as sent."""
         verdicts: list[Finding] = []
         if not starts_with_hello(case) or (self.target.server is not None
                                            and self.target.exit_info() is not None):
@@ -226,6 +228,9 @@ class CaseRunner:
                 verdicts += self._settle_pending()
                 if verdicts:
                     self.previous = None
+                    if again:
+                        more, out = self.run_fast(case, again=False)
+                        return verdicts + more, out
                     return verdicts, out
         verdict = self._judge_now(case, out)
         if verdict is not None:
