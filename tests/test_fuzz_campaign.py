@@ -294,7 +294,7 @@ def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
     import os
     import signal
     import time
-    from harness.fuzz.target import Target
+    from harness.fuzz.target import SPARES, Target
     from harness.fuzz.target_spec import TargetSpec
     target = Target(TargetSpec.parse("p7"), tmp_path / "t", standby=True)
     target.start()
@@ -306,18 +306,19 @@ def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
             target.restart()
             pids.append(target.server.pid)
             assert target.exit_info() is None and target.answers_hello(timeout=5.0)
-        spare = target._spare.result(timeout=30)
-        assert spare.poll() is None and spare.pid not in pids
+        spares = [f.result(timeout=30) for f in target._spares]  # a pool of them
+        assert len(spares) == SPARES and all(s.poll() is None for s in spares)
+        assert not {s.pid for s in spares} & set(pids)
         t0 = time.monotonic()
         os.kill(target.server.pid, signal.SIGKILL)
         target.wait_exit(5.0)
         target.restart()
-        assert target.server.pid == spare.pid  # the swap, not a launch
+        assert target.server.pid == spares[0].pid  # the swap, not a launch
         assert time.monotonic() - t0 < 5.0
     finally:
         target.stop()
     assert len(set(pids)) == len(pids)
-    for pid in pids + [spare.pid]:  # stopped and reaped (no zombie left)
+    for pid in pids + [s.pid for s in spares]:  # stopped and reaped (no zombie left)
         assert not os.path.exists(f"/proc/{pid}"), pid
 
 

@@ -34,6 +34,10 @@ REFUSED = "refused"  # could not even connect
 S2C_KEEP = 64 << 10  # response bytes kept for the transcript of a finding
 _SCRATCH = 1 << 16
 _SMALL_ANSWER = 32  # answers up to this size are read whole (values, not tensor data)
+# A batch of pipelined frames holds at most this many bytes of frames plus awaited answers:
+# a long answer the server writes while the client is still writing a long frame would
+# leave both waiting on full socket buffers.
+PIPELINE_BYTES = 64 << 10
 
 
 def _bucket(value: int) -> str:
@@ -139,30 +143,54 @@ class Executor:
     # ---------------------------------------------------------------- modes
     def _pipelined(self, sock: socket.socket, case: Case, out: Outcome) -> None:
         steps = case.steps
-        pending: list[bytes] = []
-        first = 0
+        batch: list[int] = []  # steps whose frames are pending (not sent yet)
+        frames: list[bytes] = []
+        learning: set[tuple[str, int]] = set()  # what the batch's answers will teach
+        budget = 0  # bytes of the batch's frames plus its awaited answers
         for i, s in enumerate(steps):
-            pending.append(relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame)
-            last = i == len(steps) - 1
-            if not (s.expect or s.learn or s.eof or last):
-                continue
-            sent_at = time.monotonic()
-            self._send(sock, pending, out)
-            pending.clear()
-            if s.eof:
-                _shutdown_write(sock)
-            out.at = i
-            for size in s.expect:
-                self._read_response(sock, size, i, s, out)
-            out.progress = i + 1
-            if s.expect:
-                out.proven = i + 1
-                out.note_wait(first, i, time.monotonic() - sent_at)
-            first = i + 1
+            # A frame that needs a handle or base an awaited answer brings must wait for it;
+            # anything else rides along (one round trip for the sweep's HELLO and two
+            # ALLOC_BUFFERs), within a budget so a long answer never meets a long send.
+            if batch and (any((r.kind, r.index) in learning for r in s.relocs)
+                          or budget + len(s.frame) > PIPELINE_BYTES
+                          and any(steps[k].expect for k in batch)):
+                self._flush(sock, steps, batch, frames, out)
+                learning.clear()
+                budget = 0
+            batch.append(i)
+            frames.append(relocate(s.frame, s.relocs, out.live) if s.relocs else s.frame)
+            budget += len(s.frame) + sum(s.expect)
+            if s.learn is not None:
+                learning.add(tuple(s.learn))
+            if s.eof or i == len(steps) - 1 or s.expect and budget > PIPELINE_BYTES:
+                self._flush(sock, steps, batch, frames, out, eof=s.eof)
+                learning.clear()
+                budget = 0
         out.at = None
         if case.protocol_error_at is not None or any(s.eof for s in steps):
             # The server must close after a refused request or at our EOF: wait for it.
             self._expect_close(sock, out, len(steps))
+
+    def _flush(self, sock, steps, batch: list[int], frames: list[bytes], out: Outcome, *,
+               eof: bool = False) -> None:
+        """Send the batch's frames, then read every answer it awaits, in order."""
+        sent_at = time.monotonic()
+        self._send(sock, frames, out)
+        if eof:
+            _shutdown_write(sock)
+        for i in batch:
+            s = steps[i]
+            if not s.expect:
+                continue
+            out.at = i
+            for size in s.expect:
+                self._read_response(sock, size, i, s, out)
+            out.proven = out.progress = i + 1
+            out.note_wait(batch[0], i, time.monotonic() - sent_at)
+        out.at = batch[-1]
+        out.progress = batch[-1] + 1
+        batch.clear()
+        frames.clear()
 
     def _lockstep(self, sock: socket.socket, case: Case, out: Outcome) -> None:
         for i, s in enumerate(case.steps):

@@ -165,9 +165,8 @@ def cases(d: Dialect) -> Iterator[StatefulCase]:
             for b in changers(d):
                 for use in uses(d):
                     s = _Session(d, _Model())
-                    head = [hello]
-                    for size in SIZES:
-                        head += _alloc_steps(size, d, s.model)
+                    allocs = [_alloc_steps(size, d, s.model) for size in SIZES]
+                    head = [hello] + [a[0] for a in allocs] + [a[1] for a in allocs]
                     desc = {"kind": "stateful", "what": "pair", "cmd": use.needs.value,
                             "cmd_id": d.id_of(use.needs), "field": "state",
                             "dialect": d.name, "direction": "request", "at": "after_setup",
