@@ -22,6 +22,7 @@ from pathlib import Path
 
 import yaml
 
+from harness.fuzz.bounds import ACCEPTED_OOB
 from harness.fuzz.differential import DifferentialError, _allowing, _further, load_allow
 
 # The words a divergence line is made of, by family: a widening that adds a word's siblings
@@ -218,15 +219,17 @@ CLOSE_CAUSES = (
 
 
 def _death_kind(d: str) -> str:
-    return "hang" if d.startswith("hang:") else "crash"
+    return "hang" if d.startswith("hang:") else ACCEPTED_OOB if d.startswith("oob:") \
+        else "crash"
 
 
 def _death_signal(d: str) -> str:
-    return "" if d.startswith("hang:") else "SIGSEGV" if d.startswith("SIGSEGV") else "SIGABRT"
+    return "" if d.startswith(("hang:", "oob:")) else "SIGSEGV" if d.startswith("SIGSEGV") \
+        else "SIGABRT"
 
 
 def _death_line(d: str) -> str:
-    return d.removeprefix("hang:")
+    return d.removeprefix("hang:").removeprefix("oob:")
 
 
 # ------------------------------------------------------------------ catching a widening

@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from harness.fuzz import bounds, covering, interactions as ia, stateful
+from harness.fuzz import bounds, covering, interactions as ia, scale, stateful
 from harness.fuzz import sweep as sw
 from harness.fuzz.inprocess import InProcessReference
 from harness.fuzz.strategies.basics import _tensor_nbytes
@@ -194,3 +194,15 @@ def test_planted_a_tail_decoded_as_a_new_connection_differs():
     fresh = annotate(case.dialect, case.steps[5:])  # no HELLO before it: refused at once
     assert fresh.protocol_error_at == 0
     assert annotate_after(head, case.steps[5:]).protocol_error_at is None
+
+
+def test_every_scale_session_expects_its_probes_answer():
+    """The scale sessions are annotated without decoding their graphs: the probe after them
+    must still expect its answer (a client that does not wait for it hangs up first, and a
+    real server then dies writing it: the SIGPIPE a p7 differential showed)."""
+    d = get_dialect("7.0.0")
+    head, regions = sw._setup(d)
+    for label, case in scale.cases(d, head, regions[0], sw._probe(d)):
+        assert case.steps[-1].cmd == "GET_ALIGNMENT" and case.steps[-1].expect == (8,), label
+        assert case.protocol_error_at is None and all(s.expect for s in case.steps[:5]), label
+        break  # building each costs a second: the first shows the rule

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 README = "\n".join((ROOT / "docs" / page).read_text()
                    for page in ("matrix.md", "releases.md", "fuzzing.md", "results.md"))
 WORDS = {"two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7, "eight": 8,
-         "nine": 9, "ten": 10}
+         "nine": 9, "ten": 10, "eleven": 11, "twelve": 12, "thirteen": 13, "fourteen": 14,
+         "fifteen": 15, "sixteen": 16}
 
 
 def _cells() -> list[dict]:

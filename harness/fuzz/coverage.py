@@ -26,6 +26,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+from ..impls.supervisor import REAL_PROCESS_ENV
+
 RPC_FILE = "ggml-rpc.cpp"
 # Files of the harness itself, the C++ library and the system: not server code.
 IGNORE = r"(rpc_server_fuzzer\.cpp|replay_main\.c|^/usr/)"
@@ -68,7 +70,7 @@ def corpus_coverage(pin: str, inputs: list[Path], out: Path, *, timeout: float =
                     shutil.copyfile(f, raw / f.name)
                     n_inputs += 1
         profraw = Path(tmp) / "cov-%1m.profraw"
-        env = dict(os.environ, LLVM_PROFILE_FILE=str(profraw), GGML_NO_BACKTRACE="1",
+        env = dict(os.environ, LLVM_PROFILE_FILE=str(profraw), **REAL_PROCESS_ENV,
                    HARNESS_REPLAY_TIMEOUT=str(int(timeout)))
         env.pop("HARNESS_FUZZ_EVENTS", None)
         nice = shutil.which("nice")

@@ -129,7 +129,9 @@ def cases(d: Dialect, head: list, region: BufferRegion, probe) -> Iterator[tuple
                 "cmd_id": d.id_of(Cmd.GRAPH_COMPUTE), "field": "tensors", "dialect": d.name,
                 "direction": "request", "at": "after_setup", "case": label}
         frame = build()
+        # the probe after a HELLO (decoded alone it would count as a connection without one,
+        # and expect no answer: the client would hang up before the server writes it)
         steps = plain_head.steps + (step(frame, Cmd.GRAPH_COMPUTE.value, desc=desc),
-                                    annotate(d, (probe,)).steps[0])
+                                    annotate(d, (probe,), hello_seen=True).steps[0])
         yield label, Case(d.name, steps, meta={"mutations": [desc], "sweep": True})
 

@@ -60,11 +60,19 @@ def slug(text: str) -> str:
 
 
 # Log lines that say why a process died, most telling first.
+# glibc's fatal messages (written to stderr under REAL_PROCESS_ENV): a heap its allocator finds
+# corrupted, a smashed stack canary, a _FORTIFY_SOURCE overflow
+GLIBC_FATAL = re.compile(
+    r"^(?:double free or corruption \(\S+\)|free\(\): double free detected in tcache \d+"
+    r"|(?:free|malloc|realloc|calloc|munmap_chunk|malloc_consolidate|_int_malloc|_int_free"
+    r"|tcache_thread_shutdown)\(\): [^\n]+|corrupted (?:size vs\. prev_size|double-linked list"
+    r"|top size)[^\n]*|\*\*\* (?:stack smashing|buffer overflow) detected \*\*\*[^\n]*)$")
 _DEATH_PATTERNS = [re.compile(p) for p in (
     r"(?:\S+\.(?:c|cpp|h):\d+: )?GGML_ASSERT\(.*\) failed",
     r"GGML_ABORT.*|\S+\.(?:c|cpp|h):\d+: .*",
     r"terminate called .*",
     r"Assertion .* failed.*",
+    GLIBC_FATAL.pattern,
     r"AddressSanitizer: .*|UndefinedBehaviorSanitizer: .*|runtime error: .*",
     r"(Segmentation fault|Aborted|Bus error).*",
 )]

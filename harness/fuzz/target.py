@@ -39,8 +39,8 @@ from .target_spec import TargetSpec, dialect_or_none, server_binary
 from ..impls.driver import ExitInfo
 from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
-from ..impls.supervisor import ServerProcess, ServerStartError, start_peer_server, \
-    start_reference_server
+from ..impls.supervisor import REAL_PROCESS_ENV, ServerProcess, ServerStartError, \
+    start_peer_server, start_reference_server
 from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
 from ..proto.wire import U64
@@ -253,7 +253,7 @@ class Target:
         stdbuf = shutil.which("stdbuf")
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
-        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        env = dict(os.environ, **REAL_PROCESS_ENV)
         if cache_dir is not None:
             argv.append("-c")
             env["LLAMA_CACHE"] = str(cache_dir)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from . import sanitizer
 from .bounds import ACCEPTED_OOB, REFUSED_IN_BOUNDS
+from .signature import GLIBC_FATAL
 
 SEVERITIES = ("write out of bounds", "read out of bounds", "use after free / null dereference",
               "memory or liveness DoS", "undefined behaviour", "reachable assert",
@@ -39,6 +40,8 @@ def severity(kind: str, signal: str, line: str) -> int:
     """The rank (0 is worst) of a finding's signature in :data:`SEVERITIES`."""
     if kind == ACCEPTED_OOB:  # harness.fuzz.bounds: the line starts with the access
         return 0 if line.startswith("write") else 1
+    if GLIBC_FATAL.match(line):  # an allocator or canary that found its memory overwritten
+        return 2 if "double free" in line else 0
     if kind in _DOS_KINDS or "stack overflow" in line or "out-of-memory" in line:
         return 3
     if kind in ("protocol", "cache", REFUSED_IN_BOUNDS):

@@ -15,6 +15,7 @@ from . import sanitize as sanitizers
 from .errors import PeerUnavailable
 from .manifest import manifest_problem, read_manifest
 from .pins import Pin, load_pins
+from .supervisor import REAL_PROCESS_ENV
 from .tools import missing_build_tools
 
 # the harness package's parent, so a child `python -m harness...` imports this very checkout
@@ -76,7 +77,7 @@ class RealPeer:
         kind (the binaries' ``-c`` uses ``$LLAMA_CACHE/rpc``). A sanitizer build gets the
         runtime options of ``harness.impls.sanitize``.
         """
-        env = dict(os.environ, GGML_NO_BACKTRACE="1")
+        env = dict(os.environ, **REAL_PROCESS_ENV)
         env.update(sanitizers.runtime_env(self.sanitize, env))
         if self.kind == "wheel":
             if self.lib_dir is None:

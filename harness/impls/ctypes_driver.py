@@ -23,6 +23,7 @@ from pathlib import Path
 
 from .driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, StepResult
 from .built_peer import client_library_env
+from .supervisor import REAL_PROCESS_ENV
 
 DEFAULT_STEP_TIMEOUT = 60.0
 STARTUP_TIMEOUT = 30.0
@@ -128,7 +129,7 @@ class CtypesClientDriver(ClientDriver):
             return self.ready
         env = {k: v for k, v in os.environ.items()
                if k not in ("LD_PRELOAD", "GGML_RPC_SERVERS")}  # never inherit the model shim
-        env["GGML_NO_BACKTRACE"] = "1"  # otherwise ggml attaches gdb before aborting
+        env.update(REAL_PROCESS_ENV)  # ggml would attach gdb before aborting
         env["PYTHONUNBUFFERED"] = "1"
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_package_root(), env.get("PYTHONPATH"))
                                             if p)

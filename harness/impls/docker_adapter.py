@@ -29,7 +29,7 @@ import psutil
 from ..strictness import strict
 from .driver import ExitInfo
 from .ctypes_driver import CtypesClientDriver
-from .supervisor import (BANNER_RE, ServerProcess, ServerStartError,
+from .supervisor import (BANNER_RE, REAL_PROCESS_ENV, ServerProcess, ServerStartError,
                          _socket_inodes_of, exit_info_from, listening_inodes, start_retrying)
 
 LABEL = "ggml-rpc-harness"
@@ -140,7 +140,7 @@ class DockerServer:
         from .docker_image import server_argv
 
         argv = _substitute(command or server_argv(host="{host}", port="{port}"), host, port)
-        environment = {"GGML_NO_BACKTRACE": "1", **(env or {})}
+        environment = {**REAL_PROCESS_ENV, **(env or {})}
         volumes = {}
         if cache_dir is not None:
             cache_dir = str(Path(cache_dir).resolve())
@@ -348,7 +348,7 @@ class DockerClientDriver(CtypesClientDriver):
         jit_cache.mkdir(parents=True, exist_ok=True)
         run = [cli, "run", "--rm", "-i", "--init", "--network", "host", "--name",
                self.container_name, "--label", f"{LABEL}=client",
-               *(a for env in ("GGML_NO_BACKTRACE", "PYTHONUNBUFFERED", "PYTHONPATH")
+               *(a for env in (*REAL_PROCESS_ENV, "PYTHONUNBUFFERED", "PYTHONPATH")
                  for a in ("-e", env)),
                "-e", f"NUMBA_CACHE_DIR={jit_cache}", "-v", f"{jit_cache}:{jit_cache}",
                *(a for m in _agent_mounts() for a in ("-v", m)),

@@ -28,6 +28,7 @@ from pathlib import Path
 from .cache import cache_root
 from .driver import ExitInfo
 from .ctypes_driver import classify_exit
+from .supervisor import REAL_PROCESS_ENV
 
 SHIM_SOURCE = Path(__file__).with_name("rpc_preload.c")
 SHIM_NAME = "librpc_preload.so"
@@ -312,7 +313,7 @@ def run_llama_simple(bin_dir: str | os.PathLike, model: str | os.PathLike, *,
     if not exe.exists():
         raise FileNotFoundError(f"{exe} not found (build the llama-simple target)")
     cmd = [str(exe), "-m", str(model), "-n", str(n_predict), prompt]
-    added = {"GGML_NO_BACKTRACE": "1", **(env or {})}
+    added = {**REAL_PROCESS_ENV, **(env or {})}
     if servers:
         if shim is None:
             raise ValueError("an RPC run needs the shim (ensure_shim)")

@@ -44,6 +44,12 @@ _ERROR_RE = re.compile(r"error|fail|abort|assert|mismatch|unknown|expected|crash
                        r"cannot|can't|refus|denied|exception|traceback", re.IGNORECASE)
 _TCP_LISTEN = "0A"
 _POLL_INTERVAL = 0.02
+# The environment of every real llama.cpp process the harness runs: ggml must not attach gdb
+# before it aborts, and glibc must write its fatal messages ("double free or corruption",
+# "malloc(): corrupted top size", "*** stack smashing detected ***") to stderr, where a death
+# is read from (without the variable it writes them to the process's terminal when it has
+# one: the servers run in a session of their own, but a client may share the user's).
+REAL_PROCESS_ENV = {"GGML_NO_BACKTRACE": "1", "LIBC_FATAL_STDERR_": "1"}
 # A real server listens 5-30 ms after exec and a campaign restarts one after each crash (p7
 # aborts on every tensor outside its buffer: thousands of restarts per sweep), so the first
 # 100 ms are polled every millisecond (a /proc read, no CPU to speak of), then every 20 ms.

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Callable
 
 from ...impls.sanitize import UBSAN_SUPPRESSIONS
+from ...impls.supervisor import REAL_PROCESS_ENV
 from ...proto import DEFAULT, get_dialect
 from .. import sanitizer
 from ..campaign import Progress, campaign_id
@@ -150,7 +151,7 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
                # for the few it keeps recoverable) unless the reviewed list suppresses it.
                UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1:"
                              f"suppressions={UBSAN_SUPPRESSIONS}",
-               GGML_NO_BACKTRACE="1")
+               **REAL_PROCESS_ENV)
     symbolizer = tool("llvm-symbolizer")
     if symbolizer:
         env["ASAN_SYMBOLIZER_PATH"] = env["UBSAN_SYMBOLIZER_PATH"] = symbolizer
