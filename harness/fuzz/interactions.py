@@ -107,8 +107,7 @@ def _size(types, type_id: int) -> int:
     return t.type_size if t is not None and t.blck_size else 4
 
 
-def _types(d: Dialect) -> tuple[str, ...]:
-    return (AS_IS, "f16", "q4_0", "last")
+TYPES = (AS_IS, "f16", "q4_0", "last")  # a type past the enum is a single-field case
 
 
 def _type_id(d: Dialect, label: str, t: RpcTensor) -> int:
@@ -120,10 +119,9 @@ def _type_id(d: Dialect, label: str, t: RpcTensor) -> int:
     return next(i for i, tr in enumerate(n.types) if tr.name == label)
 
 
-def _placements() -> tuple[str, ...]:
-    edges = ("base-1", "base", "base+1", "end-nbytes-1", "end-nbytes", "end-nbytes+1", "end-1",
-             "end", "end+1")
-    return (AS_IS,) + tuple(f"{r}:{e}" for r in ("own", "other") for e in edges) + ("null", "max")
+_EDGES = tuple(name for name, _ in _edges(BufferRegion(0, 0, 0), 0))  # the sweep's, by name
+PLACEMENTS = (AS_IS,) + tuple(f"{r}:{e}" for r in ("own", "other") for e in _EDGES) + \
+    ("null", "max")
 
 
 def _data(label: str, t: RpcTensor, n: int, own: BufferRegion, other: BufferRegion) -> int:
@@ -151,12 +149,12 @@ class Factor:
         return f"{self.role}.{self.field}" if self.role else self.field
 
 
-def _tensor_factors(role: str, live_buffer: bool, d: Dialect) -> list[Factor]:
+def _tensor_factors(role: str, live_buffer: bool) -> list[Factor]:
     buffers = (AS_IS, "other") if live_buffer else (AS_IS, "other", "null", "unknown")
     ids = (AS_IS, "0", "other", "max")
     u32 = (AS_IS,) + tuple(str(v) for v in U32_EDGES)
-    out = [Factor(role, "buffer", buffers), Factor(role, "data", _placements()),
-           Factor(role, "shape", SHAPES), Factor(role, "type", _types(d))]
+    out = [Factor(role, "buffer", buffers), Factor(role, "data", PLACEMENTS),
+           Factor(role, "shape", SHAPES), Factor(role, "type", TYPES)]
     out += [Factor(role, f"ne[{i}]", u32) for i in range(4)]
     out += [Factor(role, f"nb[{i}]", u32) for i in range(4)]
     out += [Factor(role, "op", (AS_IS, "none", "add", "last", "past_enum", "255")),
@@ -285,7 +283,7 @@ class _CountsFit:
 def design(d: Dialect, cmd: Cmd, msg, roles: dict[str, tuple[str, int]]) -> Design:
     live = cmd in _LIVE_BUFFER or (cmd is Cmd.SET_TENSOR_HASH
                                    and d.peer.server_hash_checks_tensor)
-    factors = [f for role in roles for f in _tensor_factors(role, live, d)]
+    factors = [f for role in roles for f in _tensor_factors(role, live)]
     factors += _scalar_factors(d, cmd, msg)
     sizes = [len(f.values) for f in factors]
     pairs = covering.all_pairs(len(factors))
@@ -472,7 +470,8 @@ def _row(d, regions, cmd, msg, roles, dsg, row, block, index, own_of, ids) -> Ro
 
 # ---------------------------------------------------------------- coverage
 
-def designs(dialect: str, regions, baselines) -> dict[Cmd, tuple[Design, object, dict]]:
+def command_designs(dialect: str, regions, baselines
+                    ) -> dict[Cmd, tuple[Design, object, dict]]:
     """Per tensor command of ``dialect``: (design, baseline request, roles)."""
     d = get_dialect(dialect)
     return {cmd: (design(d, cmd, msg, roles), msg, roles)

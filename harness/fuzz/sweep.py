@@ -352,7 +352,7 @@ def _build_combinatorial(dialect: str) -> Combinatorial:
     d = get_dialect(dialect)
     head, regions = _setup(d)
     cases, designs = [], {}
-    for cmd, (dsg, msg, roles) in interactions.designs(dialect, regions,
+    for cmd, (dsg, msg, roles) in interactions.command_designs(dialect, regions,
                                                       baselines(d, regions)).items():
         designs[cmd.value] = dsg
         by_request: dict = {}  # rows that make the same request are one case
