@@ -57,3 +57,18 @@ def test_a_launcher_that_does_not_compile_falls_back(monkeypatch, tmp_path):
         assert not any((tmp_path / "cache").rglob("wheel_server"))
     finally:
         built_peer.wheel_launcher.cache_clear()
+
+
+def test_a_launch_that_does_not_read_the_banner_skips_stdbuf():
+    """A fuzz target restarts its server after every crash: once its dialect is known it
+    does not read the banner, and starts the binary without the stdbuf wrapper."""
+    import shutil
+    peer = get_peer("p7")
+    if not peer.available:
+        from needs import skip
+        skip("peer-missing", f"p7 is not built: {peer.reason} (make peers)")
+    plain, _ = peer.server_cmd("127.0.0.1", 1, line_buffered=False)
+    assert plain[0] == str(peer.server_binary)
+    default, _ = peer.server_cmd("127.0.0.1", 1)
+    if shutil.which("stdbuf"):
+        assert default[:2] == [shutil.which("stdbuf"), "-oL"]

@@ -220,22 +220,24 @@ class Target:
         loopback = _loopback_shim()
         if spec.kind == "peer":
             peer = get_peer(spec.peer or spec.name)
-            # the wheel's server is a Python process loading the real libraries: the shim
-            # names its faults as it does a C server's (its handler is process-wide and every
-            # thread gets an alternate stack, so 8.0.0's per-client threads are covered)
+            # the shim's handler is process-wide and every thread gets an alternate stack, so
+            # 8.0.0's per-client threads are covered too
             if not self.fault_shim:
                 return start_peer_server(peer, workdir=workdir, host=self.host,
                                          cache_dir=cache_dir, ready_timeout=self.ready_timeout,
                                          env={"LD_PRELOAD": str(loopback)})
             if not peer.available:
                 raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
-            # start_peer_server, plus the fault shim in the environment.
-            argv, env = peer.server_cmd(self.host, 0, cache_dir, 1)
+            # start_peer_server, plus the fault shim in the environment; once the dialect is
+            # known the banner is not read, so stdout need not be line-buffered
+            buffered = self.dialect is None
+            argv, env = peer.server_cmd(self.host, 0, cache_dir, 1, line_buffered=buffered)
             env = self._sanitizer_bounds(env | self.env)
             env = preload_env(with_shim(env, server_binary(argv)), loopback)
-            return ServerProcess.start(lambda h, p: peer.server_cmd(h, p, cache_dir, 1)[0], env,
-                                       name=peer.name, host=self.host, workdir=workdir,
-                                       ready_timeout=self.ready_timeout)
+            return ServerProcess.start(
+                lambda h, p: peer.server_cmd(h, p, cache_dir, 1, line_buffered=buffered)[0], env,
+                name=peer.name, host=self.host, workdir=workdir,
+                ready_timeout=self.ready_timeout)
         if spec.kind == "docker":
             from ..impls.docker_adapter import DockerServer
             from ..impls.docker_image import build_pin_image
