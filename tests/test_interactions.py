@@ -5,6 +5,7 @@ and an honest reference that accepts nothing out of bounds in any dialect."""
 
 from __future__ import annotations
 
+import io
 import itertools
 from collections import Counter
 
@@ -206,3 +207,18 @@ def test_every_scale_session_expects_its_probes_answer():
         assert case.steps[-1].cmd == "GET_ALIGNMENT" and case.steps[-1].expect == (8,), label
         assert case.protocol_error_at is None and all(s.expect for s in case.steps[:5]), label
         break  # building each costs a second: the first shows the rule
+
+
+def test_the_live_display_shows_each_phase_as_it_runs():
+    from rich.console import Console
+    from harness.fuzz.campaign import Progress
+    from harness.fuzz.display import LiveProgress
+    progress = Progress()
+    progress.handle({"type": "stats", "worker": 0, "stats": {"sweep_total": 100,
+                                                             "sweep_done": 40},
+                     "sweep_parts": {"catalogue": 10, "boundary": 20, "combinatorial": 10}})
+    console = Console(width=100, record=True, file=io.StringIO())
+    with LiveProgress(console, "p7", 60) as live:
+        live.update(progress)
+    text = console.export_text()
+    assert "40 / 100 cases" in text and "catalogue 10, boundary 20, combinatorial 10" in text

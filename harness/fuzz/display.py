@@ -63,6 +63,9 @@ class LiveProgress:
             done = progress.total("sweep_done")
             t.add_row("sweep", f"{done:,} / {sweep_total:,} cases"
                       + (" (done; random search)" if done >= sweep_total else ""))
+            parts = progress.merged("sweep_parts")
+            if parts:  # the deterministic phases, in the order they run
+                t.add_row("", ", ".join(f"{p} {n:,}" for p, n in parts.items()))
         t.add_row("restarts", str(progress.total("restarts")))
         hunting = [w.get("hunting") for w in progress.workers.values() if w.get("hunting")]
         t.add_row("signatures", f"{len(progress.findings)} distinct, "
