@@ -72,8 +72,6 @@ def _enforce(report) -> None:
         if hasattr(report, "wasxfail"):
             # pytest counts and shows a report that keeps this as xfailed / xpassed
             del report.wasxfail
-    elif strictness.strict():
-        _ALLOWED_SKIPS.append((report.nodeid, reason))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -86,6 +84,23 @@ def pytest_runtest_makereport(item, call):
 def pytest_make_collect_report(collector):
     outcome = yield
     _enforce(outcome.get_result())
+
+
+# The allowed skips are noted where reports are logged, not where they are made: under
+# pytest-xdist the workers make them and only the controller, which prints the summary,
+# logs them all.
+def _note_allowed(report) -> None:
+    found = _non_pass(report)
+    if found is not None and not report.failed and strictness.strict():
+        _ALLOWED_SKIPS.append((report.nodeid, found[1]))
+
+
+def pytest_runtest_logreport(report):
+    _note_allowed(report)
+
+
+def pytest_collectreport(report):
+    _note_allowed(report)
 
 
 def pytest_terminal_summary(terminalreporter):
