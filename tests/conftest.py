@@ -117,3 +117,34 @@ def pytest_terminal_summary(terminalreporter):
         terminalreporter.write_line(f"[{code}] {len(nodeids)} test(s): {strictness.ALLOWED[code]}")
         for nodeid in nodeids:
             terminalreporter.write_line(f"    {nodeid}")
+
+
+# ------------------------------------------------------------------ runs several modules read
+# One run, many tests, each asserting its own facts (and one xdist worker for all of them: the
+# suite's schedule keeps the users of a session fixture together).
+@pytest.fixture(scope="session")
+def reference_matrix_run(tmp_path_factory):
+    """test_matrix.py's REF_MATRIX, every cell once: test_matrix reports it, test_chop holds
+    chopped delivery to its verdicts. (run folder, rows)"""
+    from harness.matrix.cells import expand
+    from harness.matrix.execute import run_cells
+    from harness.matrix.model import load_matrix
+    from test_matrix import REF_MATRIX, write_matrix
+    tmp = tmp_path_factory.mktemp("ref-matrix")
+    m = load_matrix(write_matrix(tmp, REF_MATRIX))
+    return tmp / "out", run_cells(m, expand(m), tmp / "out", run_id="t", workers=2)
+
+
+@pytest.fixture(scope="session")
+def emulated_reference_cells(tmp_path_factory):
+    """matrix.yaml's reference designs over emulated RDMA (bump-ref, no-bump-ref), every
+    cell once: test_rdma_soft_matrix holds the real transport's cells to them,
+    test_rdma_matrix holds them to TCP's verdicts. (run folder, rows)"""
+    from harness.data import default_matrix
+    from harness.matrix.cells import expand
+    from harness.matrix.execute import run_cells
+    from harness.matrix.model import load_matrix
+    m = load_matrix(default_matrix())
+    out = tmp_path_factory.mktemp("emu-reference")
+    cells = expand(m, designs=["bump-ref", "no-bump-ref"], transports=["rdma-emu"])
+    return out, run_cells(m, cells, out, run_id="emu", workers=3)
