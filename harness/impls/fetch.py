@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .cache import downloads_dir
+from .cache import downloads_dir, peers_dir
 from .digest import WHEEL_RPC_LIBRARY, NoRpcSources, RpcDigest, digest_of_files, digest_role, \
     library_digest
 from .errors import BuildError
@@ -52,9 +52,9 @@ def download_lock(pin: Pin):
     """One download of a release at a time, across processes: a build that asks while
     ``harness peers fetch`` (or a build of another variant) is downloading it waits, then finds
     the file kept."""
-    directory = downloads_dir()
+    directory = peers_dir()  # beside the entries' locks: downloads/ holds release files only
     directory.mkdir(parents=True, exist_ok=True)
-    with open(directory / f".{_normalized(pin.package)}-{pin.version}.lock", "w") as lock:
+    with open(directory / f".download-{_normalized(pin.package)}-{pin.version}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
