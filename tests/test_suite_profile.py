@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from needs import module
 from harness.history import store
 from harness.history.ingest import file_report, records_from
 from harness.site.build import build_site
 from harness.suite.profile import (FIXTURE_PREFIX, SLOW_SECONDS, FixtureTime, ProfileError,
                                    SlowEntry, SuiteProfile, TestTime, area_of, read_profile,
                                    read_slow_list, unlisted_slow, write_profile)
+from needs import module
 
 TESTS = Path(__file__).resolve().parent
 SLOW_LIST = TESTS / "slow-tests.toml"

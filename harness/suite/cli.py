@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.table import Column, Table
 
 from .profile import SLOW_SECONDS, ProfileError, listed_but_quick, read_profile, \
     read_slow_list, unlisted_slow
@@ -39,13 +39,14 @@ def suite_show(profile: Path = typer.Argument(..., help="A profile file or its f
     for area, seconds in sorted(p.by_area().items(), key=lambda kv: -kv[1]):
         areas.add_row(area, f"{seconds:.0f}", f"{100 * seconds / (tests or 1):.1f} %")
     console.print(areas)
-    slow = Table("seconds", "setup", "call", "test", "area")
+    slow = Table("seconds", "setup", "call", Column("test", overflow="fold"), "area")
     for t in p.slowest(slowest):
         slow.add_row(f"{t.total:.1f}", f"{t.setup:.1f}", f"{t.call:.1f}", t.id, t.area)
     console.print(slow)
     fixtures = sorted(p.fixtures, key=lambda f: -f.seconds)[:10]
     if fixtures:
-        table = Table("seconds", "fixture", "scope", "set up for")
+        table = Table("seconds", Column("fixture", overflow="fold"), "scope",
+                      Column("set up for", overflow="fold"))
         for f in fixtures:
             table.add_row(f"{f.seconds:.1f}", f.id, f.scope, f.test)
         console.print(table)

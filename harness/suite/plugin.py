@@ -60,6 +60,8 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    if not any(config.getoption(o) for o in (_PROFILE, _SLOW_LIST, _SCHEDULE)):
+        return  # installed with the harness, it stays out of every other pytest run
     config.pluginmanager.register(_Measure(), "suite-profile-measure")
     if _is_controller(config):
         config.pluginmanager.register(_Collect(config), "suite-profile-collect")
