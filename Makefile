@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: matrix test test-fast peers install system-deps lint-workflows docs clean
+.PHONY: matrix test test-fast test-profile peers install system-deps lint-workflows docs clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -30,14 +30,19 @@ system-deps:
 # pre-7.0.0 tree the reviewed UBSan suppression is checked on), and the RDMA
 # builds of p7 and p7f (each its own entry; they need libibverbs-dev) that the matrix's
 # no-bump-rdma design and the soft-device tests run, then the registry builds the tests use.
-# Cached builds are instant.
+# Cached builds are instant. Every release file is downloaded in the background from the
+# start (harness peers fetch), so no build waits for its download; ccache (.ci/system-deps)
+# lets a variant compile only what differs from the build before it (p7f and the RDMA builds
+# after p7). The fetch is stopped when the builds are done (a build fetches what it lacks).
 peers: $(STAMP) system-deps
-	$(BIN)/harness peers build p7 --extra-target llama-simple
-	$(BIN)/harness peers build p7f --extra-target llama-simple
-	$(BIN)/harness peers build --all
-	$(BIN)/harness peers build p7 p5 --sanitize address,undefined
-	$(BIN)/harness peers build p7 --rdma
-	$(BIN)/harness peers build p7f --rdma
+	@$(BIN)/harness peers fetch --all $(REGISTRY_TEST_BUILDS) >$(VENV)/peers-fetch.log 2>&1 & \
+	trap 'kill $$! 2>/dev/null || true' EXIT; set -ex; \
+	$(BIN)/harness peers build p7 --extra-target llama-simple; \
+	$(BIN)/harness peers build p7f --extra-target llama-simple; \
+	$(BIN)/harness peers build --all; \
+	$(BIN)/harness peers build p7 p5 --sanitize address,undefined; \
+	$(BIN)/harness peers build p7 --rdma; \
+	$(BIN)/harness peers build p7f --rdma; \
 	$(BIN)/harness peers build $(REGISTRY_TEST_BUILDS)
 
 # Registry builds without a pins.toml row that the tests bisect and build (tests/test_bisect_real.py):
@@ -53,9 +58,28 @@ matrix: peers
 
 # A selection that collects nothing (pytest's exit 5) fails like any other error: a test run
 # that ran nothing is no evidence.
-# The forty slowest tests are listed at the end: the suite's time is CI's tightest budget.
+# The suite runs on TEST_WORKERS processes (pytest-xdist; 0: in this one) under the harness's
+# schedule (harness/suite/plugin.py): tests that share a fixture above function scope stay on
+# one worker, so it is set up once, and the longest work starts first (ordered by the last
+# profile when there is one). Tests that wait on servers overlap; measured faster than 2
+# workers on a 2-core machine (docs/setup.md). Each run writes its profile (every test's and
+# fixture's seconds) to reports/suite-<time>/, files it into reports/history.jsonl and ends
+# with the forty slowest tests and where the time went; then a test that took more than
+# 120 s without a reason in tests/slow-tests.toml fails the run (harness suite check).
+TEST_WORKERS ?= 3
+SLOW_LIST := tests/slow-tests.toml
+SUITE_OUT := reports/suite-$(shell date +%Y%m%d-%H%M%S)
+LAST_PROFILE := $(lastword $(sort $(wildcard reports/suite-*/suite-profile.json)))
+SUITE_ARGS = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --suite-schedule) \
+	--suite-slow-list $(SLOW_LIST) $(if $(LAST_PROFILE),--suite-order-from $(LAST_PROFILE)) \
+	--suite-profile $(SUITE_OUT)
 test: peers
-	bash .ci/with-docker $(BIN)/python -m pytest --durations=40 $(PYTEST_ARGS)
+	bash .ci/with-docker $(BIN)/python -m pytest --durations=40 $(SUITE_ARGS) $(PYTEST_ARGS)
+	$(BIN)/harness suite check $(SUITE_OUT) --slow-list $(SLOW_LIST)
+
+# The whole suite in one process: each test's own time, without neighbours (slower).
+test-profile:
+	$(MAKE) test TEST_WORKERS=0
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "not slow and not realpeer" $(PYTEST_ARGS)

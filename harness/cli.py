@@ -14,6 +14,7 @@ from .data import default_matrix
 from .history.cli import history_app, reports_app, site_command
 from .impls.cli import peers_app, yes_or_dash as _yn
 from .pr.cli import pr_command
+from .suite.cli import suite_app
 from .proto.dialects import NEWEST, PRIMARY
 
 app = typer.Typer(no_args_is_help=True, add_completion=False,
@@ -522,6 +523,8 @@ app.add_typer(history_app, name="history")
 app.add_typer(reports_app, name="reports")
 app.command("site")(site_command)
 app.command("pr")(pr_command)
+# the test suite's own profile (make test writes one per run)
+app.add_typer(suite_app, name="suite")
 
 
 @app.command()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.data import data_root
 from harness.transport.softverbs import (
     QpStats,
     SoftverbsUnavailable,
@@ -87,7 +88,7 @@ def rdma_peer_dir(pin_name: str = RDMA_PIN, patch: Path | None = None) -> Path:
         pytest.fail(f"the RDMA build {pin.name} failed: {e}")
 
 
-SEED000_PATCH = TESTS_DIR.parent / "patches" / "seed000-server-flags.patch"
+SEED000_PATCH = data_root() / "patches" / "seed000-server-flags.patch"  # shipped in the package
 
 
 @pytest.fixture(scope="module")

@@ -121,14 +121,14 @@ def test_truncation_closes_and_the_server_survives():
         srv.stop()
 
 
-def test_matrix_verdicts_are_the_same_under_chopped_delivery(tmp_path):
+def test_matrix_verdicts_are_the_same_under_chopped_delivery(tmp_path, reference_matrix_run):
     from harness.matrix.cells import expand
     from harness.matrix.model import load_matrix
     from harness.matrix.execute import run_cells
     from test_matrix import REF_MATRIX, write_matrix
 
     m = load_matrix(write_matrix(tmp_path, REF_MATRIX))
-    plain = run_cells(m, expand(m), tmp_path / "plain", run_id="p", workers=2)
+    _, plain = reference_matrix_run  # the same cells delivered as sent, run once (conftest)
     chopped = run_cells(m, expand(m), tmp_path / "chop", run_id="c", workers=2, deliver="chop")
     assert [(r["cell_id"], r["verdict"], r["observed"]) for r in plain] == \
         [(r["cell_id"], r["verdict"], r["observed"]) for r in chopped]

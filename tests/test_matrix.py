@@ -134,8 +134,8 @@ def _run(tmp_path, data):
     return run_cells(m, expand(m), tmp_path / "out", run_id="t", workers=2)
 
 
-def test_reference_matrix_passes_and_reports(tmp_path):
-    rows = _run(tmp_path, REF_MATRIX)
+def test_reference_matrix_passes_and_reports(tmp_path, reference_matrix_run):
+    out, rows = reference_matrix_run  # REF_MATRIX's cells, run once for this and test_chop
     bad = [(r["cell_id"], r["verdict"], r["reason"]) for r in rows if r["verdict"] != "pass"]
     assert not bad
     by = {(r["design"], r["pair"], r["scenario"]): r for r in rows}
@@ -143,7 +143,7 @@ def test_reference_matrix_passes_and_reports(tmp_path):
     assert cut["observed"] == "works-degraded" and cut["degraded"] == ["server cache never used"]
     assert by[("bump", "old-client/new-server", "handshake")]["rejected_by"] == "client"
     # evidence on disk: transcript, pcap, logs, verdict
-    folder = tmp_path / "out" / cut["folder"]
+    folder = out / cut["folder"]
     for name in ("wire.pcap", "transcript.txt", "server.log", "client.log", "verdict.json"):
         assert (folder / name).is_file(), name
     assert "SET_TENSOR" in (folder / "transcript.txt").read_text()

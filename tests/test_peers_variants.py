@@ -9,6 +9,7 @@ keeps in the download cache.
 from __future__ import annotations
 
 import difflib
+import os
 import struct
 import tarfile
 import time
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from harness.impls import build as peer_build, sanitize
+from harness.impls.cache import cache_root
 from harness.impls.errors import PatchRejected
 from harness.impls.fetch import _cached_download
 from harness.impls.ref_driver import RefClientDriver
@@ -147,6 +149,9 @@ def test_which_releases_have_the_rdma_transport(tmp_path):
 @pytest.mark.slow
 def test_a_patched_p7_builds_verifies_and_runs_the_patched_code(tmp_path, p7_tree, monkeypatch):
     archive = _p7_sdist()
+    # the compiler cache of the real peers: the patched tree compiles only what the patch
+    # changed (make peers built p7 through it), the rest of the build is p7's
+    monkeypatch.setenv("CCACHE_DIR", os.environ.get("CCACHE_DIR") or str(cache_root() / "ccache"))
     monkeypatch.setenv("GGML_RPC_HARNESS_CACHE", str(tmp_path / "cache"))
     patch = _log_line_patch(tmp_path, p7_tree, LOG_LINE, PATCHED_LOG_LINE)
     pin = get_pin("p7").patched("p7logline", patch)

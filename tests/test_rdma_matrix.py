@@ -30,15 +30,23 @@ def _cells(transport: str, scenarios: list[str]):
     return m, expand(m, designs=["bump-ref", "no-bump-ref"], scenarios=scenarios)
 
 
-def _compare(tmp_path: Path, scenarios: list[str]):
+def _compare(tmp_path: Path, scenarios: list[str], emulated=None):
+    """``emulated``: the rdma-emu cells run already (conftest's emulated_reference_cells, a
+    superset); else they are run here."""
     m, tcp_cells = _cells("tcp", scenarios)
     tcp = run_cells(m, tcp_cells, tmp_path / "tcp", run_id="tcp", workers=3)
-    m, rdma_cells = _cells("rdma-emu", scenarios)
-    rdma = run_cells(m, rdma_cells, tmp_path / "rdma", run_id="rdma", workers=3)
+    if emulated is None:
+        m, rdma_cells = _cells("rdma-emu", scenarios)
+        folder = tmp_path / "rdma"
+        rdma = run_cells(m, rdma_cells, folder, run_id="rdma", workers=3)
+    else:
+        folder, rows = emulated
+        rdma = [r for r in rows if r["scenario"] in scenarios]
     assert len(tcp) == len(rdma) == 2 * 4 * sum(
         len(m.cache_options.get(s, [False])) for s in scenarios)
-    for a, b in zip(tcp, rdma):
-        assert b["cell_id"] == a["cell_id"] + "@rdma-emu"
+    by_id = {r["cell_id"]: r for r in rdma}
+    for a in tcp:
+        b = by_id[a["cell_id"] + "@rdma-emu"]
         assert (b["verdict"], b["observed"]) == (a["verdict"], a["observed"]), \
             (b["cell_id"], b["reason"])
         assert a["verdict"] == "pass", (a["cell_id"], a["reason"])
@@ -46,16 +54,16 @@ def _compare(tmp_path: Path, scenarios: list[str]):
         assert rdma_checks and all(c["ok"] for c in rdma_checks), b["cell_id"]
         if b["observed"] == "rejected-at-hello":
             assert any("only the server switched" in c["name"] for c in rdma_checks)
-        assert (tmp_path / "rdma" / b["folder"] / "rdma.json").is_file()
+        assert (folder / b["folder"] / "rdma.json").is_file()
 
 
 def test_light_scenarios_same_verdicts_over_rdma(tmp_path):
-    _compare(tmp_path, LIGHT)
+    _compare(tmp_path, LIGHT)  # its own rdma-emu cells: a quick test (make test-fast)
 
 
 @pytest.mark.slow
-def test_heavy_scenarios_same_verdicts_over_rdma(tmp_path):
-    _compare(tmp_path, HEAVY)
+def test_heavy_scenarios_same_verdicts_over_rdma(tmp_path, emulated_reference_cells):
+    _compare(tmp_path, HEAVY, emulated_reference_cells)
 
 
 def test_real_peers_are_skipped_over_emulated_rdma_with_the_reason(tmp_path):

@@ -52,16 +52,17 @@ def _key(design: str, row: dict) -> tuple:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every rdma-soft cell, and every cell of the emulation designs."""
+def runs(tmp_path_factory, emulated_reference_cells):
+    """Every rdma-soft cell, and every cell of the emulation designs (run once for this
+    module and test_rdma_matrix: conftest's emulated_reference_cells)."""
     m = _matrix()
     assert {d: m.designs[d].emulation for d in m.designs
             if "rdma-soft" in (m.designs[d].transports or [])} == SOFT_DESIGNS
+    assert set(SOFT_DESIGNS.values()) == {"bump-ref", "no-bump-ref"}  # what the fixture runs
     tmp = tmp_path_factory.mktemp("rdma-soft-matrix")
     soft = run_cells(m, expand(m, transports=["rdma-soft"]), tmp / "soft", run_id="soft",
                      workers=2)
-    emu = run_cells(m, expand(m, designs=sorted(set(SOFT_DESIGNS.values())),
-                              transports=["rdma-emu"]), tmp / "emu", run_id="emu", workers=2)
+    _, emu = emulated_reference_cells
     return {"dir": tmp / "soft", "soft": soft,
             "emu": {_key(r["design"], r): r for r in emu}}
 

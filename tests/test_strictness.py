@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from harness import strictness
+from needs import module
 
 TESTS = Path(__file__).resolve().parent
 
@@ -67,15 +68,16 @@ def test_passes():
 '''
 
 
-def _inner(tmp_path: Path, env: dict) -> subprocess.CompletedProcess:
+def _inner(tmp_path: Path, env: dict, *args: str) -> subprocess.CompletedProcess:
     """A pytest session with this suite's conftest (its hook) over SAMPLE."""
     shutil.copyfile(TESTS / "conftest.py", tmp_path / "conftest.py")
     shutil.copyfile(TESTS / "needs.py", tmp_path / "needs.py")
     (tmp_path / "test_sample.py").write_text(SAMPLE)
-    clean = {k: v for k, v in os.environ.items() if k not in ("CI", strictness.STRICT_ENV)}
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("CI", strictness.STRICT_ENV) and not k.startswith("PYTEST_")}
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                           "-rA", str(tmp_path)], cwd=tmp_path, capture_output=True, text=True,
-                          env={**clean, **env}, timeout=120)
+                           "-rA", *args, str(tmp_path)], cwd=tmp_path, capture_output=True,
+                          text=True, env={**clean, **env}, timeout=120)
 
 
 def test_under_ci_a_skip_fails_unless_allowed_and_the_allowed_are_listed(tmp_path):
@@ -86,6 +88,19 @@ def test_under_ci_a_skip_fails_unless_allowed_and_the_allowed_are_listed(tmp_pat
     assert "FAILED test_sample.py::test_missing_peer" in out
     assert "ERROR test_sample.py::test_uncoded" in out and "[uncoded] no code at all" in out
     assert "skips allowed in strict mode" in out and "[rdma-hca] 1 test(s)" in out
+
+
+def test_under_xdist_the_workers_enforce_and_the_controller_lists_the_allowed(tmp_path):
+    """`make test` runs the suite on xdist workers: they make the reports (and fail the
+    refused skips), the controller prints the summary from the reports it receives. Planted:
+    a hook that notes the allowed skips where reports are made (in the workers) leaves the
+    controller's list empty, and the first assertion below fails with "none"."""
+    module("xdist", "pip install -e '.[test]' (pytest-xdist)")
+    done = _inner(tmp_path, {"CI": "true"}, "-n", "2")
+    out = done.stdout
+    assert "skips allowed in strict mode" in out and "[rdma-hca] 1 test(s)" in out, out
+    assert done.returncode == 1 and "1 failed, 1 passed, 1 skipped, 1 error" in out, out
+    assert "FAILED test_sample.py::test_missing_peer" in out
 
 
 def test_outside_ci_skips_stay_skips(tmp_path):

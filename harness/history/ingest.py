@@ -1,5 +1,6 @@
 """What a report folder files into the history: a matrix run (results.jsonl), a fuzz campaign
-or differential (report.json), a bench run (bench.json) or a bisect (bisect.json).
+or differential (report.json), a bench run (bench.json), a bisect (bisect.json) or a test
+suite's profile (suite-profile.json).
 
 The same functions serve the commands that append as they finish and ``harness history add``
 for folders written before (or elsewhere: a CI artifact), so a record says the same whoever
@@ -15,10 +16,13 @@ from pathlib import Path
 
 from .errors import HistoryError
 from .store import (BenchRecord, BisectRecord, BuildFacts, CampaignRecord, CellRecord,
-                    RunRecord, append, store_for)
+                    RunRecord, SuiteRecord, append, store_for)
 
 FUZZ_FORMATS = ("ggml-rpc-fuzz-report/", "ggml-rpc-fuzz-differential/")
 MAX_REPORT = 256 << 20  # a summary file larger than this is not one this harness wrote
+SUITE_PROFILE = "suite-profile.json"  # harness.suite.profile.PROFILE_NAME (it files, we read)
+SUITE_FORMAT = "ggml-rpc-suite-profile/"
+SUITE_SLOWEST = 20  # the slowest tests a suite record keeps
 
 
 def folder_size(folder: Path) -> tuple[int, int]:
@@ -67,8 +71,10 @@ def kind_of(folder: Path) -> str:
         return "bisect"
     if (folder / "report.json").is_file():
         return "fuzz"
+    if (folder / SUITE_PROFILE).is_file():
+        return "suite"
     raise HistoryError(f"{folder}: not a report folder (no results.jsonl, report.json, "
-                       "bench.json or bisect.json)")
+                       f"bench.json, bisect.json or {SUITE_PROFILE})")
 
 
 def records_from(folder: Path, *, run_id: str | None = None, builds=None) -> list:
@@ -82,6 +88,8 @@ def records_from(folder: Path, *, run_id: str | None = None, builds=None) -> lis
         return bench_records(folder, run_id=run_id)
     if kind == "bisect":
         return [bisect_record(folder, run_id=run_id)]
+    if kind == "suite":
+        return [suite_record(folder, run_id=run_id)]
     return [campaign_record(folder, run_id=run_id)]
 
 
@@ -191,3 +199,23 @@ def bisect_record(folder: Path, *, run_id: str | None = None) -> BisectRecord:
                             folder=str(folder))
     except KeyError as e:
         raise HistoryError(f"{path}: no {e.args[0]!r}: not a bisect result") from None
+
+
+def suite_record(folder: Path, *, run_id: str | None = None) -> SuiteRecord:
+    path = folder / SUITE_PROFILE
+    p = _load_json(path)
+    if not str(p.get("format", "")).startswith(SUITE_FORMAT):
+        raise HistoryError(f"{path}: format {p.get('format')!r} is not a suite profile")
+    try:
+        tests = sorted(((str(t["id"]), float(t.get("setup", 0)) + float(t.get("call", 0)) +
+                         float(t.get("teardown", 0))) for t in p.get("tests") or []),
+                       key=lambda t: -t[1])
+        return SuiteRecord(run_id=run_id or p["run_id"], time=float(p["started"]) +
+                           float(p["wall"]), wall=p["wall"], workers=p.get("workers") or 0,
+                           tests=len(tests), outcomes=p.get("outcomes") or {},
+                           test_seconds=round(sum(s for _, s in tests), 1),
+                           areas=p.get("areas") or {},
+                           slowest=[(i, round(s, 1)) for i, s in tests[:SUITE_SLOWEST]],
+                           host=p.get("host") or {}, folder=str(folder))
+    except (KeyError, TypeError, ValueError) as e:
+        raise HistoryError(f"{path}: not a suite profile: {e}") from None

@@ -2,7 +2,7 @@
 
 A line is one fact of one run: a matrix cell's verdict, a matrix run's totals (its size on
 disk, the builds it ran), a fuzz campaign's findings and coverage, a bench figure, a bisect
-answer. `harness matrix`, `fuzz`, `bench` and `bisect` append what they produced;
+answer, a test suite run's time by area. `harness matrix`, `fuzz`, `bench` and `bisect` append what they produced;
 `harness history add` files older report folders; `harness site` reads it all.
 
 Every line names its schema (``SCHEMA``). A reader refuses a line of a newer major version
@@ -132,8 +132,27 @@ class BisectRecord(_Record):
         return ("bisect", self.run_id)
 
 
-Record = Annotated[Union[CellRecord, RunRecord, CampaignRecord, BenchRecord, BisectRecord],
-                   Field(discriminator="kind")]
+class SuiteRecord(_Record):
+    """One run of the test suite (``pytest --suite-profile``): its wall time and where the
+    time went, so the suite's growth shows run over run."""
+    kind: Literal["suite"] = "suite"
+    wall: float
+    workers: int = 0
+    tests: int = 0
+    outcomes: dict[str, int] = {}
+    test_seconds: float = 0.0  # the tests' own seconds summed (more than wall under xdist)
+    areas: dict[str, float] = {}  # area -> seconds
+    slowest: list[tuple[str, float]] = []  # (test, seconds), the slowest first
+    host: dict[str, str | int | float | list[float] | None] = {}
+    folder: str | None = None
+
+    @property
+    def key(self) -> tuple:
+        return ("suite", self.run_id)
+
+
+Record = Annotated[Union[CellRecord, RunRecord, CampaignRecord, BenchRecord, BisectRecord,
+                         SuiteRecord], Field(discriminator="kind")]
 _RECORD = TypeAdapter(Record)
 
 

@@ -41,8 +41,8 @@ from .recipe import cmake_flags
 from .registry import resolve_pin
 from .source import apply_patch, has_rdma_transport, header_proto, server_target, \
     tree_commit, tree_fingerprint
-from .tools import OUTPUT_TAIL_LINES, find_compilers, find_tool, missing_build_tools, \
-    run_logged, tool_env
+from .tools import OUTPUT_TAIL_LINES, compiler_cache, find_compilers, find_tool, \
+    missing_build_tools, run_logged, tool_env
 from .verify import verify_peer
 
 __all__ = [
@@ -85,11 +85,14 @@ def _configure_and_build(pin: Pin, source: Path, build: Path, targets: list[str]
     if missing:
         raise ToolMissing(f"cannot build {pin.name}: missing " + ", ".join(missing))
     cmake, ninja = find_tool("cmake"), find_tool("ninja")
-    env = tool_env()
+    # not part of cmake_flags(pin): how a build is sped up is no property of the entry
+    launcher, cache_env = compiler_cache(stage_dir)
+    env = {**tool_env(), **cache_env}
     tests = any(t.startswith("test-") for t in targets)
     configure = [cmake, "-S", str(source), "-B", str(build), "-G", "Ninja",
-                 f"-DCMAKE_MAKE_PROGRAM={ninja}", *cmake_flags(pin, tests)]
+                 f"-DCMAKE_MAKE_PROGRAM={ninja}", *cmake_flags(pin, tests), *launcher]
     shown = [f for f in configure if "RDMA" in f or ("fsanitize" in f and "CXX_FLAGS=" in f)]
+    shown += ["(ccache)"] if launcher else []
     progress.stage(pin.name, "configure", " ".join(["cmake -G Ninja", *shown]))
     t0 = time.monotonic()
     try:
@@ -401,6 +404,7 @@ def _build_in(pin: Pin, stage_dir: Path, extra: list[str], progress: BuildProgre
                   "report": patch_report} if pin.patch else None,
         "compiler": _compiler_version(pin) if pin.kind == "sdist" else None,
         "cmake_flags": cmake_flags(pin) if pin.kind == "sdist" else None,
+        "compiler_cache": bool(compiler_cache(stage_dir)[0]) if pin.kind == "sdist" else None,
         "glibc_compat_patched": compat_patched,
         "jobs": jobs,
         "build_seconds": round(timings.get("build", 0.0), 1),

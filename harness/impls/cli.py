@@ -146,6 +146,35 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
         raise typer.Exit(1)
 
 
+@peers_app.command("fetch")
+def peers_fetch(names: list[str] = typer.Argument(None, help="Pin names or registry builds."),
+                all_pins: bool = typer.Option(False, "--all", help="Every pin as well.")):
+    """Download and keep the release files of pins without building them: run beside `peers
+    build` (make peers does), the builds find their downloads done."""
+    from .supervisor import exit_on_sigterm
+    from .build import all_pin_names
+    from .errors import ImplError
+    from .fetch import fetch
+    from .progress import RichBuildProgress
+    from .registry import resolve_pin
+
+    exit_on_sigterm()  # stopped when the builds are done: the temp dir goes with it
+    wanted = [*(all_pin_names() if all_pins else []), *(names or [])]
+    if not wanted:
+        raise typer.BadParameter("give pin names or --all")
+    try:
+        outcomes = fetch([resolve_pin(n) for n in wanted], RichBuildProgress(console))
+    except ImplError as e:
+        raise typer.BadParameter(str(e))
+    failed = {k: v for k, v in outcomes.items() if isinstance(v, Exception)}
+    for key, err in failed.items():
+        console.print(f"[red]{key}:[/red]", str(err), markup=True, highlight=False)
+    console.print(f"{len(outcomes) - len(failed)} release file(s) kept, {len(failed)} failed",
+                  highlight=False)
+    if failed:
+        raise typer.Exit(1)
+
+
 @peers_app.command("add")
 def peers_add(build_dir: Optional[str] = typer.Option(None, "--build-dir",
                                                       help="A llama.cpp cmake build dir."),

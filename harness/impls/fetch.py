@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import shutil
 import sys
 import tarfile
 import tempfile
 import zipfile
 from collections.abc import Iterable
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .cache import downloads_dir
+from .cache import downloads_dir, peers_dir
 from .digest import WHEEL_RPC_LIBRARY, NoRpcSources, RpcDigest, digest_of_files, digest_role, \
     library_digest
 from .errors import BuildError
@@ -44,8 +47,47 @@ def _cached_download(pin: Pin) -> Path | None:
     return None
 
 
+@contextmanager
+def download_lock(pin: Pin):
+    """One download of a release at a time, across processes: a build that asks while
+    ``harness peers fetch`` (or a build of another variant) is downloading it waits, then finds
+    the file kept."""
+    directory = peers_dir()  # beside the entries' locks: downloads/ holds release files only
+    directory.mkdir(parents=True, exist_ok=True)
+    with open(directory / f".download-{_normalized(pin.package)}-{pin.version}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def download(pin: Pin, stage_dir: Path, progress: BuildProgress, keep: bool) -> tuple[Path, bool]:
     """The pin's sdist/wheel: (path, True) from downloads/ if kept earlier, else (path, False)."""
+    with download_lock(pin):
+        return _download(pin, stage_dir, progress, keep)
+
+
+def fetch(pins: Iterable[Pin], progress: BuildProgress) -> dict[str, Path | BuildError]:
+    """Download and keep the release file of each pin (variants share their release's), one
+    after the other: what ``harness peers fetch`` does beside the builds, so a build finds its
+    download done. Maps release key -> the kept file or why it could not be had."""
+    out: dict[str, Path | BuildError] = {}
+    for pin in pins:
+        if pin.is_source_build or pin.release_key in out:
+            continue
+        downloads_dir().mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".fetch-", dir=downloads_dir()))
+        try:
+            out[pin.release_key] = download(pin, stage, progress, keep=True)[0]
+        except BuildError as e:
+            out[pin.release_key] = e
+        finally:
+            shutil.rmtree(stage, ignore_errors=True)
+    return out
+
+
+def _download(pin: Pin, stage_dir: Path, progress: BuildProgress, keep: bool) -> tuple[Path, bool]:
     cached = _cached_download(pin)
     if cached is not None:
         progress.stage(pin.name, "download", f"cached {cached.name}")

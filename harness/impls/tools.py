@@ -80,3 +80,30 @@ def tool_env() -> dict[str, str]:
     venv_bin = str(Path(sys.executable).parent)
     path = os.environ.get("PATH", "")
     return dict(os.environ, PATH=venv_bin + (os.pathsep + path if path else ""))
+
+
+COMPILER_CACHE_ENV = "GGML_RPC_HARNESS_CCACHE"  # "0": build without ccache
+# ccache's own settings for a build: the patched, sanitized and RDMA variants of one release
+# are separate unpacked trees whose files mostly hash the same; a freshly patched file is as
+# good as an old one (its content is what is hashed)
+CCACHE_SETTINGS = {"CCACHE_NOHASHDIR": "true",
+                   "CCACHE_SLOPPINESS": "include_file_mtime,include_file_ctime,time_macros"}
+
+
+def compiler_cache(stage_dir: Path) -> tuple[list[str], dict[str, str]]:
+    """The cmake options and environment that put ccache in front of the compilers, so a
+    variant (p7f, p7+rdma, a test's patched build) compiles only the files that differ from
+    what was built before. Paths under ``stage_dir`` are hashed relative to it
+    (``CCACHE_BASEDIR``), so two stages of the same sources share entries. The cache lives
+    in ``$CCACHE_DIR``, else beside the peers (``<cache root>/ccache``), so an empty peer cache
+    is a cold build. ``([], {})`` without ccache, or with GGML_RPC_HARNESS_CCACHE=0."""
+    from .cache import cache_root
+    ccache = None if os.environ.get(COMPILER_CACHE_ENV) == "0" else find_tool("ccache")
+    if ccache is None:
+        return [], {}
+    # ggml's (and older llama.cpp's) own switch would put a second ccache in front
+    flags = [f"-DCMAKE_C_COMPILER_LAUNCHER={ccache}", f"-DCMAKE_CXX_COMPILER_LAUNCHER={ccache}",
+             "-DGGML_CCACHE=OFF", "-DLLAMA_CCACHE=OFF"]
+    env = {**CCACHE_SETTINGS, "CCACHE_BASEDIR": str(stage_dir),
+           "CCACHE_DIR": os.environ.get("CCACHE_DIR") or str(cache_root() / "ccache")}
+    return flags, env

@@ -20,7 +20,8 @@ from .links import broken_links
 from .model import Site
 
 UP = "<p><a href='../'>up</a></p>"
-SECTION = {"matrix": "runs", "fuzz": "fuzz", "bench": "bench", "bisect": "bisect"}
+SECTION = {"matrix": "runs", "fuzz": "fuzz", "bench": "bench", "bisect": "bisect",
+           "suite": "suite"}
 
 
 def _link_or_copy(src: str, dst: str) -> None:
@@ -112,6 +113,7 @@ def build_site(folders: list[Path], out: Path, *, history: Path | None = None,
     (out / "fuzz.html").write_text(pages.fuzz_page(site))
     (out / "bench.html").write_text(pages.bench_page(site))
     (out / "bisect.html").write_text(pages.bisect_page(site))
+    (out / "suite.html").write_text(pages.suite_page(site))
     for sub in ("cells", "builds"):
         (out / sub).mkdir(exist_ok=True)
     for cell_id in site.by_cell:

@@ -12,7 +12,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 
 from ..history.store import (BenchRecord, BisectRecord, BuildFacts, CampaignRecord, CellRecord,
-                             RunRecord)
+                             RunRecord, SuiteRecord)
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Site:
     campaigns: list[CampaignRecord]
     bench: list[BenchRecord]
     bisects: list[BisectRecord]
+    suites: list[SuiteRecord] = field(default_factory=list)  # test suite runs, oldest first
     run_folders: dict[str, str] = field(default_factory=dict)  # run id -> folder in the site
     by_cell: dict[str, list[CellRecord]] = field(default_factory=dict)  # oldest first
     builds: dict[str, BuildFacts] = field(default_factory=dict)
@@ -44,7 +45,8 @@ class Site:
         site = cls(runs=sorted(runs.values(), key=lambda r: (r.time, r.run_id)), cells=cells,
                    campaigns=sorted(kinds[CampaignRecord], key=lambda c: c.time),
                    bench=sorted(kinds[BenchRecord], key=lambda b: b.time),
-                   bisects=sorted(kinds[BisectRecord], key=lambda b: b.time))
+                   bisects=sorted(kinds[BisectRecord], key=lambda b: b.time),
+                   suites=sorted(kinds[SuiteRecord], key=lambda s: s.time))
         for c in cells:
             site.by_cell.setdefault(c.cell_id, []).append(c)
         for run in site.runs:  # newest facts win

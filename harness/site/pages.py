@@ -65,7 +65,7 @@ def page(title: str, body: str, depth: int) -> str:
     up = "../" * depth
     nav = " ".join(f"<a href='{up}{href}'>{name}</a>" for name, href in (
         ("Matrix", "index.html"), ("Builds", "builds.html"), ("Fuzzing", "fuzz.html"),
-        ("Bench", "bench.html"), ("Bisect", "bisect.html")))
+        ("Bench", "bench.html"), ("Bisect", "bisect.html"), ("Test suite", "suite.html")))
     return (f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{esc(title)}"
             f"</title><style>{CSS}</style></head><body>{svg_defs()}<nav>{nav}</nav>"
             f"<h1>{esc(title)}</h1>{body}</body></html>\n")
@@ -304,3 +304,32 @@ def bisect_page(site: Site) -> str:
             "<th>first build that differs</th><th>its neighbour</th><th>builds measured</th>"
             f"</tr>{rows}</table>") if rows else "<p>No bisect in the history.</p>"
     return page("Bisect", body, 0)
+
+
+def suite_page(site: Site) -> str:
+    """The test suite's wall time run over run, its time by area, and the slowest tests of
+    the newest run with what they took in the run before it."""
+    runs = site.suites
+    if not runs:
+        return page("Test suite", "<p>No test suite run in the history (make test files "
+                    "one).</p>", 0)
+    areas = list(dict.fromkeys(a for r in runs for a in r.areas))
+    rows = "".join(
+        f"<tr><td>{when(r.time)}</td><td class='num'>{r.wall / 60:.1f}</td>"
+        f"<td class='num'>{r.workers or 1}</td><td class='num'>{r.tests}</td>"
+        f"<td>{esc(', '.join(f'{n} {k}' for k, n in sorted(r.outcomes.items())))}</td>"
+        + "".join(f"<td class='num'>{r.areas.get(a, 0) / 60:.1f}</td>" for a in areas)
+        + f"<td>{esc(r.host.get('cpu', ''))}; load {esc(r.host.get('load_start', ''))}</td>"
+        "</tr>" for r in reversed(runs))
+    newest, before = runs[-1], (dict(runs[-2].slowest) if len(runs) > 1 else {})
+    slow = "".join(
+        f"<tr><td>{esc(test)}</td><td class='num'>{seconds:.1f}</td><td class='num'>"
+        f"{f'{before[test]:.1f}' if test in before else '-'}</td></tr>"
+        for test, seconds in newest.slowest)
+    body = (f"<p>wall minutes per run {sparkline([r.wall / 60 for r in runs], label='minutes')}"
+            "</p><table><tr><th>ended</th><th>wall (min)</th><th>workers</th><th>tests</th>"
+            "<th>outcomes</th>" + "".join(f"<th>{esc(a)} (min)</th>" for a in areas) +
+            f"<th>machine</th></tr>{rows}</table><h2>The slowest tests of the newest run</h2>"
+            "<table><tr><th>test</th><th>seconds</th><th>the run before</th></tr>"
+            f"{slow}</table>")
+    return page("Test suite", body, 0)

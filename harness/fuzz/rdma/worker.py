@@ -214,6 +214,11 @@ class FuzzPeer:
         ready = select.select([self.proc.stdout], [], [], deadline)[0]
         line = self.proc.stdout.readline() if ready else ""
         if not line:
+            if ready:  # end of file: it is exiting, and is reaped a moment later (on a busy
+                try:   # machine, after poll() below would have said it still runs)
+                    self.proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
             silent = self.proc.poll() is None
             if silent:
                 self._where_stuck()
