@@ -51,8 +51,10 @@ def accepted(case, answers: dict | None = None) -> Outcome:
         if s.learn:
             ans[i] = live[s.learn[0]][s.learn[1]]
     ans.update(answers or {})
+    sizes = {i: live[SIZE][s.learn[1]] for i, s in enumerate(case.steps)
+             if s.learn and s.learn[0] == HANDLE}
     return Outcome(OK, progress=len(case.steps), proven=len(case.steps), live=live,
-                   answers=ans)
+                   answers=ans, sizes=sizes)
 
 
 def lines(case, out) -> list[str]:
@@ -80,6 +82,32 @@ def test_a_tensor_one_byte_past_its_buffer_accepted_is_a_write_out_of_bounds():
     assert ref.status == CLOSED and lines(case, ref) == []  # refused: judged no further
     refused = replace(accepted(case), status=CLOSED, proven=5)
     assert lines(case, refused) == []
+
+
+def test_a_slot_allocated_again_later_does_not_move_the_earlier_requests_buffer():
+    """The live table keeps each slot's last value; a request is judged against the buffer
+    its slot named when it was sent (a shrunk case re-allocates slots)."""
+    case = _case(m.SetTensorRequest(_t(1, at=6000), 0, 0, bytes(16)))  # inside b1's 8 KiB
+    assert case.steps[5].cmd == "SET_TENSOR"
+    again = next(s for s in case.steps if s.learn == (HANDLE, 1))
+    base = next(s for s in case.steps if s.learn == (BASE, 1))
+
+    def smaller_again(steps) -> tuple[object, Outcome]:
+        c = replace(case, steps=steps)
+        out = accepted(c)
+        at = max(i for i, s in enumerate(c.steps) if s is again)
+        out.answers[at], out.sizes[at] = 0x5B00_0000_0000, 4096  # 4 KiB in the same slot
+        out.answers[at + 1] = 0x7B00_0000_0000
+        # as the executor leaves it: each slot's last value
+        out.live[HANDLE][1], out.live[SIZE][1], out.live[BASE][1] = (
+            0x5B00_0000_0000, 4096, 0x7B00_0000_0000)
+        return c, out
+
+    assert lines(*smaller_again(case.steps + (again, base))) == []
+    # the same slot allocated smaller before the request: now it is past the end
+    assert lines(*smaller_again(case.steps[:5] + (again, base) + case.steps[5:])) == [
+        "write out of bounds accepted: SET_TENSOR tensor past its buffer's end",
+        "write out of bounds accepted: SET_TENSOR region past its buffer's end"]
 
 
 def test_regions_reads_copies_and_the_address_wrapping():

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from harness.fuzz.case import annotate, step
-from harness.fuzz.differential import (DifferentialConfig, DifferentialError, compare,
+from harness.fuzz.differential import (DifferentialConfig, DifferentialError, _Pair, compare,
                                        load_allow, replay_differential, run_differential)
 from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.proto import get_dialect, pack_request
@@ -66,6 +66,31 @@ def test_close_points_differ():
     assert compare(case, [a, b], LABELS, [{"cmd": "ALLOC_BUFFER", "kind": "close"}]) is None
 
 
+def test_a_close_by_reset_is_judged_again_in_lockstep():
+    """A reset discards answers the client had not read: a pipelined run may show a close a
+    step early. The pair runs such a case again in lockstep and judges that run."""
+    case = _case()
+    both = _run(HELLO, bytes(16), (32).to_bytes(8, "little"))
+    early = _run(HELLO, status=CLOSED, at=1)
+    early[1].detail = "reset"
+    pair = object.__new__(_Pair)
+    pair.labels = LABELS
+    calls = []
+
+    def run(c, *, lockstep=False):
+        calls.append(lockstep)
+        return [both, both if lockstep else early]
+    pair.run = run
+    assert pair.judge(case, [])[0] is None and calls == [False, True]
+    calls.clear()  # planted: the lockstep run shows the early close too
+    pair.run = lambda c, *, lockstep=False: calls.append(lockstep) or [both, early]
+    div, _ = pair.judge(case, [])
+    assert "close point" in div.signature.line and calls == [False, True]
+    calls.clear()  # a close by FIN is not timing: no second run
+    early[1].detail = "eof"
+    assert pair.judge(case, [])[0] is not None and calls == [False]
+
+
 def test_allow_list_files(tmp_path):
     good = tmp_path / "allow.yaml"
     good.write_text("- cmd: HELLO\n  bytes: [3, 4]\n  reason: 7.0.0+flags byte 3\n")
@@ -85,8 +110,12 @@ def test_a_planted_difference_is_one_minimised_finding_that_replays(tmp_path):
     out, report = run_differential(DifferentialConfig(a="ref", b=planted, duration=15, seed=2,
                                                       out=tmp_path / "d", shrink_seconds=20))
     assert not report["errors"] and not report["problems"], report
-    (f,) = report["findings"]
-    assert f["signature"]["command"] == "SET_TENSOR_HASH", f
+    # One answer difference; the same lie ("hit" for a tensor outside every buffer) is also
+    # what the bounds oracle calls an accepted out-of-bounds write, on the planted side only.
+    (f,) = [f for f in report["findings"] if f["signature"]["line"].startswith("answer differs")]
+    assert all(g["signature"]["command"] == "SET_TENSOR_HASH" for g in report["findings"])
+    assert all("claim_cache_hit=true: accepted-out-of-bounds" in g["detail"]
+               for g in report["findings"] if g is not f), report["findings"]
     assert f["steps"] <= 2, f["listing"]  # HELLO + SET_TENSOR_HASH
     assert f["replays_on_fresh_targets"] is True, f
     folder = out / "divergences" / f["id"]

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from harness.data import data_root
-from harness.impls import glibc_compat, registry, sanitize
+from harness.impls import built_peer, glibc_compat, registry, sanitize
 from harness.impls import pins as pins_module
 from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFound, cache_root,
                                     get_pin, hello_request, load_pins, parse_pins, probe_hello,
@@ -164,7 +164,7 @@ def test_unbuilt_pins_are_listed_unavailable_with_a_hint(cache):
     assert peers["p8"].kind == "wheel" and peers["p7"].kind == "pin"
 
 
-def test_server_cmd_for_binaries_and_wheel(tmp_path):
+def test_server_cmd_for_binaries_and_wheel(tmp_path, monkeypatch):
     binary = Peer(name="b", pin=None, package=None, version=None, proto="7.0.0", kind="pin",
                   bin_dir=tmp_path, available=True, server_binary=tmp_path / "ggml-rpc-server")
     argv, env = binary.server_cmd("127.0.0.1", 5000, tmp_path / "c", threads=2)
@@ -176,6 +176,13 @@ def test_server_cmd_for_binaries_and_wheel(tmp_path):
 
     wheel = Peer(name="w", pin=None, package=None, version=None, proto="8.0.0", kind="wheel",
                  bin_dir=tmp_path, available=True, lib_dir=tmp_path)
+    launcher = built_peer.wheel_launcher()
+    assert launcher is not None, "no C compiler: the wheel's launcher did not build"
+    argv, _ = wheel.server_cmd("127.0.0.1", 5001, tmp_path / "c", threads=3)
+    assert argv == [str(launcher), str(tmp_path), "127.0.0.1:5001", "3",
+                    str(tmp_path / "c" / "rpc")]
+    # without a compiler the Python module starts the same library calls
+    monkeypatch.setattr(built_peer, "wheel_launcher", lambda: None)
     argv, _ = wheel.server_cmd("127.0.0.1", 5001, tmp_path / "c", threads=3)
     assert argv[:3] == [sys.executable, "-m", "harness.impls.wheel_server"]
     assert argv[3:] == [str(tmp_path), "127.0.0.1:5001", "--threads", "3",

@@ -264,9 +264,9 @@ def requests(case: Case, out) -> list[tuple[int, object]]:
                 REQUEST_HEADER_SIZE:])))
         except Exception:  # noqa: BLE001 - the server must refuse it: judged no further
             break
-        if s.learn is not None and i < out.proven:
-            kind, index = s.learn
-            live[kind][index] = out.live[kind][index]
+        if s.learn is not None and i < out.proven and i in out.answers:
+            kind, index = s.learn  # the value this step learned, not the slot's last one
+            live[kind][index] = out.answers[i]
             if kind == HANDLE:
                 live[BASE][index] = 0
     return found
@@ -283,12 +283,12 @@ def _walk(case: Case, out, upto: int):
             return
         learn = case.steps[i].learn
         if msg.cmd is Cmd.ALLOC_BUFFER and learn is not None:
-            handle = out.live[HANDLE][learn[1]]
+            handle = out.answers.get(i)
             if handle:
-                live[handle] = (None, out.live[SIZE][learn[1]])
+                live[handle] = (None, out.sizes.get(i, 0))
         elif msg.cmd is Cmd.BUFFER_GET_BASE and learn is not None:
-            if msg.remote_ptr in live:
-                live[msg.remote_ptr] = (out.live[BASE][learn[1]], live[msg.remote_ptr][1])
+            if msg.remote_ptr in live and i in out.answers:
+                live[msg.remote_ptr] = (out.answers[i], live[msg.remote_ptr][1])
         elif msg.cmd is Cmd.FREE_BUFFER:
             live.pop(msg.remote_ptr, None)
         else:

@@ -32,10 +32,12 @@ from math import prod
 
 import numpy as np
 
+from .errors import FuzzError
+
 DONT_CARE = -1
 
 
-class CoveringError(ValueError):
+class CoveringError(FuzzError, ValueError):
     """A request no covering array answers (an empty parameter, a tuple out of range)."""
 
 

@@ -58,6 +58,9 @@ class Outcome:
     live: dict = field(default_factory=dict)  # learned handles, bases and buffer sizes
     # step -> the first u64 of its (last) answer of at most 32 bytes: a result byte, a handle
     answers: dict = field(default_factory=dict)
+    # step -> remote_size of each ALLOC_BUFFER answer: with ``answers``, what every step learned
+    # when it ran (``live`` holds only the last value of each slot, and a slot is reused).
+    sizes: dict = field(default_factory=dict)
     # Recording runs only: ("c2s" | "s2c", monotonic time, bytes) in wire order (s2c bounded),
     # and how the server ended the connection ("fin" | "rst" | None).
     log: list[tuple[str, float, bytes]] | None = None
@@ -69,6 +72,21 @@ class Outcome:
     # The answered batch that took longest: (first step, answered step, seconds), for the
     # time-per-request oracle (harness.fuzz.oracles).
     slowest: tuple[int, int, float] | None = None
+
+    def note_answer(self, i: int, learn, payload) -> int:
+        """Record step i's small answer (at most 32 bytes) and what it teaches the live
+        table; returns its first u64."""
+        value = int.from_bytes(payload[:8], "little") if len(payload) else 0
+        self.answers[i] = value
+        if learn is not None and len(payload) in (8, 16):
+            kind, index = learn
+            self.live[kind][index] = value
+            if kind == HANDLE:
+                # Index i now names another buffer: the base learned for the old one is
+                # not this buffer's (whether it lies inside it is the heap's layout).
+                self.live[BASE][index] = 0
+                self.live[SIZE][index] = self.sizes[i] = int.from_bytes(payload[8:16], "little")
+        return value
 
     def note_wait(self, first: int, last: int, seconds: float) -> None:
         if self.slowest is None or seconds > self.slowest[2]:
@@ -262,16 +280,7 @@ class Executor:
         if n <= _SMALL_ANSWER:
             payload = self._read_exact(sock, n, out, "payload")
             # The first u64 (ALLOC_BUFFER: remote_ptr, BUFFER_GET_BASE: base, results...).
-            value = int.from_bytes(payload[:8], "little") if n else 0
-            out.answers[i] = value
-            if s.learn is not None and n in (8, 16):
-                kind, index = s.learn
-                out.live[kind][index] = value
-                if kind == HANDLE:
-                    # Index i now names another buffer: the base learned for the old one is
-                    # not this buffer's (whether it lies inside it is the heap's layout).
-                    out.live[BASE][index] = 0
-                    out.live[SIZE][index] = int.from_bytes(payload[8:16], "little")
+            value = out.note_answer(i, s.learn, payload)
             out.shapes.add((s.cmd, n, _bucket(value)))
             return
         out.shapes.add((s.cmd, -1, "data"))

@@ -94,12 +94,5 @@ class InProcessReference:
 
     @staticmethod
     def _answer(out: Outcome, i: int, s, payload: bytes) -> None:
-        value = int.from_bytes(payload[:8], "little") if payload else 0
         if len(payload) <= 32:
-            out.answers[i] = value
-        if s.learn is not None and len(payload) in (8, 16):
-            kind, index = s.learn
-            out.live[kind][index] = value
-            if kind == HANDLE:
-                out.live[BASE][index] = 0
-                out.live[SIZE][index] = int.from_bytes(payload[8:16], "little")
+            out.note_answer(i, s.learn, payload)
