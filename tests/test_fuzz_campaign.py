@@ -288,15 +288,16 @@ def test_planted_a_no_hello_case_not_settling_its_predecessor_takes_the_blame(tm
 
 @realpeer
 def test_standby_target_restarts_by_swapping_to_a_ready_process(tmp_path):
-    """After the first death a spare process is kept listening: a restart hands over a live
-    server on another port, and stop() leaves no process behind."""
+    """Without restarts by fork (a target the zygote cannot hold), after the first death a
+    pool of spare processes is kept listening: a restart hands over a live server on another
+    port, and stop() leaves no process behind."""
     require_peer_dir()
     import os
     import signal
     import time
     from harness.fuzz.target import SPARES, Target
     from harness.fuzz.target_spec import TargetSpec
-    target = Target(TargetSpec.parse("p7"), tmp_path / "t", standby=True)
+    target = Target(TargetSpec.parse("p7"), tmp_path / "t", standby=True, fork=False)
     target.start()
     pids = [target.server.pid]
     try:

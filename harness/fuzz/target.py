@@ -39,8 +39,9 @@ from .target_spec import TargetSpec, dialect_or_none, server_binary
 from ..impls.driver import ExitInfo
 from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
-from ..impls.supervisor import REAL_PROCESS_ENV, ServerProcess, ServerStartError, \
+from ..impls.supervisor import REAL_PROCESS_ENV, ArgvSpec, ServerProcess, ServerStartError, \
     start_peer_server, start_reference_server
+from ..impls.zygote import Zygote, ZygoteChild, ZygoteUnsupported
 from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
 from ..proto.wire import U64
@@ -83,7 +84,7 @@ class Target:
     def __init__(self, spec: TargetSpec, workdir: Path, *, as_limit: int = DEFAULT_AS_LIMIT,
                  rss_limit: int = DEFAULT_RSS_LIMIT, host: str = "127.0.0.1",
                  ready_timeout: float = 30.0, fault_shim: bool = True, standby: bool = False,
-                 cache: bool = False, env: dict[str, str] | None = None):
+                 cache: bool = False, env: dict[str, str] | None = None, fork: bool = True):
         self.spec = spec
         self.env = dict(env or {})  # added to a real server's environment (e.g. softverbs)
         self.cache = cache  # run with the hash cache on (-c), in <launch dir>/cache
@@ -109,12 +110,25 @@ class Target:
         self._pool: ThreadPoolExecutor | None = None
         self._launches = 0
         self._log_offsets: dict[str, int] = {}
+        # Restarts by fork (see harness.impls.zygote) for the real servers a campaign
+        # restarts: a p7 restart by exec costs 5 ms of CPU, by fork a fifth of that. Not with
+        # the hash cache (children would share its files), not for sanitizer builds (ASan's
+        # RSS-limit thread does not survive a fork), not for containers or the reference.
+        self.forking = fork and standby and not cache and spec.kind in ("peer", "binary")
+        self.zygote: Zygote | None = None
 
     # -- lifecycle
     def start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
-        server = self._take_spare()
-        self.server = server if server is not None else self._launch_checked(self._next_dir())
+        if self.forking and self.sanitized:
+            self.forking = False
+        if self.forking:
+            self.server = self._fork_child()
+        else:
+            server = self._take_spare()
+            self.server = server if server is not None else \
+                self._launch_checked(self._next_dir())
+        self._log_offsets = {str(path): at for path, at in self.server.log_starts.items()}
         self.starts += 1
         self.rss_first = self.rss_last = None
         if self.dialect is None:
@@ -125,7 +139,7 @@ class Target:
             self.stop()
             raise TargetError(f"{self.spec.name}: a {self.dialect} server in a container cannot "
                               "be fuzzed (COMM_INIT would listen beyond loopback); fuzz the pin")
-        if self.standby and self.starts > 1:
+        if self.standby and self.starts > 1 and not self.forking:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(SPARES, thread_name_prefix="target-standby")
             while len(self._spares) < SPARES:
@@ -143,12 +157,46 @@ class Target:
             server = self._launch(workdir)
         except (ServerStartError, PeerError, OSError) as e:
             raise TargetError(f"cannot start {self.spec.name}: {e}") from None
+        self._bound_address_space(server.pid)
+        return server
+
+    def _bound_address_space(self, pid: int) -> None:
         if self.as_limit and not self.sanitized:
             try:
-                resource.prlimit(server.pid, resource.RLIMIT_AS, (self.as_limit, self.as_limit))
+                resource.prlimit(pid, resource.RLIMIT_AS, (self.as_limit, self.as_limit))
             except (OSError, ValueError):
                 pass  # e.g. a wrapper already exited; the bound is a safety net, not a test
-        return server
+
+    def _fork_child(self) -> ZygoteChild | ServerProcess:
+        """A fresh server forked from the zygote, which is launched first if need be (and
+        again, on a new port, if a child could not bind its port or the zygote died)."""
+        failure: Exception | None = None
+        for _ in range(2):
+            if self.zygote is None or not self.zygote.alive:
+                if self.zygote is not None:
+                    self.zygote.stop()
+                try:
+                    self.zygote = self._launch_zygote()
+                except ZygoteUnsupported:
+                    self.forking = False  # restart by exec, as any other server
+                    return self._launch_checked(self._next_dir())
+            try:
+                return self.zygote.spawn(self.ready_timeout)
+            except ServerStartError as e:
+                failure = e
+                self.zygote.stop()
+                self.zygote = None
+        raise TargetError(f"cannot start {self.spec.name}: {failure}")
+
+    def _launch_zygote(self) -> Zygote:
+        argv, env, name = self._real_command()
+        try:
+            zygote = Zygote.start(argv, env, name=name, host=self.host, workdir=self.workdir,
+                                  ready_timeout=self.ready_timeout)
+        except (ServerStartError, PeerError, OSError) as e:
+            raise TargetError(f"cannot start {self.spec.name}: {e}") from None
+        self._bound_address_space(zygote.pid)  # children inherit the limit
+        return zygote
 
     @functools.cached_property
     def sanitized(self) -> bool:
@@ -215,29 +263,11 @@ class Target:
                                           extra_args=serial + ["--memory", REFERENCE_MEMORY]
                                           + [a for k in spec.knobs for a in ("--knob", k)],
                                           ready_timeout=self.ready_timeout)
-        # Real servers run with the loopback bind shim: a fuzzed COMM_INIT (8.0.0+) makes a
-        # real server listen on 0.0.0.0, which must stay 127.0.0.1 (spec 15.15).
-        loopback = _loopback_shim()
-        if spec.kind == "peer":
-            peer = get_peer(spec.peer or spec.name)
-            # the shim's handler is process-wide and every thread gets an alternate stack, so
-            # 8.0.0's per-client threads are covered too
-            if not self.fault_shim:
-                return start_peer_server(peer, workdir=workdir, host=self.host,
-                                         cache_dir=cache_dir, ready_timeout=self.ready_timeout,
-                                         env={"LD_PRELOAD": str(loopback)})
-            if not peer.available:
-                raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
-            # start_peer_server, plus the fault shim in the environment; once the dialect is
-            # known the banner is not read, so stdout need not be line-buffered
-            buffered = self.dialect is None
-            argv, env = peer.server_cmd(self.host, 0, cache_dir, 1, line_buffered=buffered)
-            env = self._sanitizer_bounds(env | self.env)
-            env = preload_env(with_shim(env, server_binary(argv)), loopback)
-            return ServerProcess.start(
-                lambda h, p: peer.server_cmd(h, p, cache_dir, 1, line_buffered=buffered)[0], env,
-                name=peer.name, host=self.host, workdir=workdir,
-                ready_timeout=self.ready_timeout)
+        if spec.kind == "peer" and not self.fault_shim:
+            return start_peer_server(get_peer(spec.peer or spec.name), workdir=workdir,
+                                     host=self.host, cache_dir=cache_dir,
+                                     ready_timeout=self.ready_timeout,
+                                     env={"LD_PRELOAD": str(_loopback_shim())})
         if spec.kind == "docker":
             from ..impls.docker_adapter import DockerServer
             from ..impls.docker_image import build_pin_image
@@ -252,6 +282,31 @@ class Target:
 
             return DockerServer.start(image, name=spec.name, host=self.host, workdir=workdir,
                                       ready_timeout=self.ready_timeout)
+        argv, env, name = self._real_command(cache_dir)
+        return ServerProcess.start(argv, env, name=name, host=self.host, workdir=workdir,
+                                   ready_timeout=self.ready_timeout)
+
+    def _real_command(self, cache_dir: Path | None = None
+                      ) -> tuple[ArgvSpec, dict[str, str], str]:
+        """argv, environment and name of a real server (a peer, or a binary given by path),
+        with the fault shim, the sanitizer bounds and the loopback bind shim: a fuzzed
+        COMM_INIT (8.0.0+) makes a real server listen on 0.0.0.0, which must stay 127.0.0.1
+        (spec 15.15)."""
+        spec = self.spec
+        loopback = _loopback_shim()
+        if spec.kind == "peer":
+            peer = get_peer(spec.peer or spec.name)
+            if not peer.available:
+                raise PeerError(f"peer {peer.name} is unavailable: {peer.reason}")
+            # the fault shim's handler is process-wide and every thread gets an alternate
+            # stack, so 8.0.0's per-client threads are covered too; once the dialect is known
+            # the banner is not read, so stdout need not be line-buffered
+            buffered = self.dialect is None
+            argv, env = peer.server_cmd(self.host, 0, cache_dir, 1, line_buffered=buffered)
+            env = self._sanitizer_bounds(env | self.env)
+            env = preload_env(with_shim(env, server_binary(argv)), loopback)
+            return (lambda h, p: peer.server_cmd(h, p, cache_dir, 1, line_buffered=buffered)[0],
+                    env, peer.name)
         stdbuf = shutil.which("stdbuf")
         argv = ([stdbuf, "-oL"] if stdbuf else []) + [spec.binary, "-H", "{host}", "-p",
                                                        "{port}", "-t", "1"]
@@ -260,9 +315,7 @@ class Target:
             argv.append("-c")
             env["LLAMA_CACHE"] = str(cache_dir)
         env = with_shim(env, spec.binary) if self.fault_shim else env
-        return ServerProcess.start(argv, preload_env(self._sanitizer_bounds(env), loopback),
-                                   name=Path(spec.binary).name, host=self.host,
-                                   workdir=workdir, ready_timeout=self.ready_timeout)
+        return argv, preload_env(self._sanitizer_bounds(env), loopback), Path(spec.binary).name
 
     def _probe_dialect(self) -> str:
         """The dialect of a server given by path: its banner, else its HELLO answer."""
@@ -282,8 +335,11 @@ class Target:
                           "pass --dialect")
 
     def stop(self) -> ExitInfo | None:
-        """Stop the live process and the standby one."""
+        """Stop the live process, the standby ones and the zygote."""
         info = self._stop_live()
+        if self.zygote is not None:
+            self.zygote.stop()
+            self.zygote = None
         while self._spares:
             spare = self._take_spare()
             if spare is not None:
@@ -296,7 +352,6 @@ class Target:
     def _stop_live(self) -> ExitInfo | None:
         if self.server is None:
             return None
-        self._log_offsets = {}  # the next process writes its logs afresh
         info = self.server.stop()
         self.server = None
         return info
@@ -317,6 +372,8 @@ class Target:
 
     def wait_exit(self, timeout: float) -> ExitInfo | None:
         """Wait up to ``timeout`` s for the process to end (it may be dying right now)."""
+        if isinstance(self.server, ZygoteChild):
+            return self.server.wait(timeout)
         end = time.monotonic() + timeout
         while True:
             info = self.exit_info()

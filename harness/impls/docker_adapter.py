@@ -100,6 +100,8 @@ def _substitute(argv, host: str, port: int) -> list[str]:
 class DockerServer:
     """One server container. Create with ``DockerServer.start(...)``; a context manager."""
 
+    log_starts: dict[Path, int] = {}  # its logs are the engine's, not files of ours
+
     def __init__(self, client, container, *, name: str, host: str, port: int, workdir: Path,
                  owns_workdir: bool):
         self.client = client

@@ -320,6 +320,8 @@ class ServerProcess:
         self.workdir = workdir
         self.stdout_path = workdir / f"{name}.stdout.log"
         self.stderr_path = workdir / f"{name}.stderr.log"
+        # Where this process's own lines begin in its logs (a forked server shares a file)
+        self.log_starts = {self.stdout_path: 0, self.stderr_path: 0}
         # What the finaliser removes if the server is dropped unstopped: a workdir made for it.
         self._abandoned_dirs: list[Path] = []
         self._owns_workdir = owns_workdir
@@ -356,7 +358,8 @@ class ServerProcess:
             host=host, port=port, workdir=workdir, ready_timeout=ready_timeout)
 
     @classmethod
-    def _launch(cls, argv: ArgvSpec, env, *, name, host, port, workdir, owns_workdir):
+    def _launch(cls, argv: ArgvSpec, env, *, name, host, port, workdir, owns_workdir,
+                pass_fds: Sequence[int] = ()):
         if callable(argv):
             args = [str(a) for a in argv(host, port)]
         else:
@@ -367,7 +370,7 @@ class ServerProcess:
         with open(stdout_path, "w", buffering=1) as out, open(stderr_path, "w", buffering=1) as err:
             popen = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                      env=dict(env) if env is not None else None,
-                                     start_new_session=True)
+                                     start_new_session=True, pass_fds=tuple(pass_fds))
         return cls(popen, name=name, host=host, port=port, workdir=workdir,
                    owns_workdir=owns_workdir)
 
