@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from ..reference.client import RefClient, ServerClosed, VersionRejected
 from ..reference.knobs import Misbehaviour
 from ..proto import Cmd, ggml
+from ..proto.constants import GRAPH_CACHE_MAX
 from ..proto.errors import ProtocolError
 from ..proto.tensor import RpcTensor, nbytes
 from .driver import (NODE_KINDS, USAGES, ClientAborted, ClientDriver, ExitInfo, StepFailed,
@@ -25,7 +26,6 @@ ABORT_TEXT = "Remote RPC server crashed or returned malformed response"
 # ggml_op_alloc_size_may_expand: ops whose alloc size the client asks the server for
 ALLOC_SIZE_MAY_EXPAND = {ggml.OP[n] for n in ("FLASH_ATTN_EXT", "MUL_MAT", "MUL_MAT_ID", "CUMSUM",
                                                "ARGSORT", "TOP_K")}
-GRAPH_CACHE_MAX = 1024  # 8.0.0 client: uids remembered per device before the cache is cleared
 
 
 @dataclass
