@@ -41,7 +41,7 @@ from ..impls.loopback import ensure_loopback_shim, preload_env
 from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import REAL_PROCESS_ENV, ServerProcess, ServerStartError, \
     start_peer_server, start_reference_server
-from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
+from ..proto import DEFAULT, EMPTY_HELLO, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
 from ..proto.wire import U64
 from ..transport.tcp import recv_exact
@@ -268,9 +268,9 @@ class Target:
         d = dialect_or_none(banner) if banner else None
         if d:
             return d
-        for major in (7, 3):  # the 24-byte HELLO of >= 4.0, then the empty one of 3.x
+        for layout in (DEFAULT, EMPTY_HELLO):  # the 24-byte HELLO of >= 4.0, then the empty one
             try:
-                version, flags = probe_hello(self.host, self.port, major)
+                version, flags = probe_hello(self.host, self.port, layout.version[0])
             except PeerError:
                 continue
             found = dialect_for_version(version, server_flags_seen=bool(flags))
