@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.figures import FORMAT as BENCH_FORMAT, Figure, machine, write_bench
+from harness.bench.figures import FORMAT as BENCH_FORMAT, Figure
+from harness.bench.measure import machine
+from harness.bench.render import write_bench
 from harness.bisect import report as bisect_report
 from harness.bisect.search import Outcome, bisect
 from harness.history import store

@@ -12,8 +12,9 @@ from ..capture.proxy import RecordingProxy
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter
 from ..impls.driver import ClientAborted, ClientDriver, ExitInfo
-from ..impls.model_client import (LOADPROF_ENV, LOAD_MODEL_SPEC, ensure_shim,
-                                  layer_weight_bytes, run_llama_simple, tiny_model)
+from ..impls.model_client import LOADPROF_ENV, run_llama_simple
+from ..impls.preload_shim import ensure_shim
+from ..impls.tiny_gguf import LOAD_MODEL_SPEC, layer_weight_bytes, tiny_model
 from ..impls.supervisor import ServerProcess
 from ..reference.client import RefClient
 from ..reference.knobs import Misbehaviour
