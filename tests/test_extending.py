@@ -158,7 +158,7 @@ GUIDE_FILES = {  # what docs/EXTENDING.md says each addition touches
     "dialect": ["harness/proto/dialects.py", "tests/test_dialect_table.py",
                 "harness/data/matrix.yaml"],
     "scenario": ["scenarios/trial_memory.py", "harness/data/matrix.yaml"],
-    "mutation": ["harness/fuzz/strategies/fields.py", "harness/fuzz/strategies/framing.py"],
+    "mutation": ["harness/strategies/fields.py", "harness/strategies/framing.py"],
 }
 
 
@@ -259,7 +259,7 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
     _insert(matrix, "\nscenarios: [handshake, ", "trial-memory, ", after=True)
     # two mutations: a field one and a framing one
     for name, text in (("fields.py", TRIAL_MUTATION), ("framing.py", TRIAL_FRAMING)):
-        module = tree / "harness/fuzz/strategies" / name
+        module = tree / "harness/strategies" / name
         module.write_text(module.read_text() + text)
     assert _changed(tree, before) == {f for fs in GUIDE_FILES.values() for f in fs}
 

@@ -46,7 +46,7 @@ from ..reference.server import ReferenceServer
 from ..reference.server_core import ServerConfig
 from ..proto import CONN_CAPS_SIZE, DEFAULT, get_dialect
 from ..proto.wire import RESPONSE_HEADER_SIZE
-from . import strategies as rst
+from .. import strategies as rst
 from .signature import Signature, normalise, reproduces, signal_text
 from .errors import TargetError
 

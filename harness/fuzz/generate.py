@@ -31,7 +31,7 @@ from .errors import FuzzError
 from ..proto import Cmd, RpcTensor, get_dialect, ggml, nbytes, pack_request
 from ..proto import messages as m
 from ..proto.dialects import DEFAULT, Dialect
-from . import strategies as rst
+from .. import strategies as rst
 from .case import BASE, HANDLE, Case, annotate, sentinel, step
 
 MAX_BUFFERS = 6

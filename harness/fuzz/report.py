@@ -13,7 +13,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import strategies as rst
+from .. import strategies as rst
 from ..proto import DEFAULT, Cmd
 from .triage import root_cause_lines, root_causes
 

@@ -27,7 +27,7 @@ from ..proto.dialects import Dialect
 from ..proto.tensor import TENSOR_FIELD_OFFSETS, TENSOR_SIZE
 from ..proto.wire import REQUEST_HEADER_SIZE, request_header
 from .case import Case, annotate, step
-from .strategies.basics import BufferRegion
+from ..strategies.basics import BufferRegion
 
 SCALE_FRAME_LIMIT = 64 << 20  # the largest request a deterministic case sends
 REFERENCE_BOUND = 1 << 16  # the reference server's graph bound (ServerConfig)

@@ -405,7 +405,7 @@ class Target:
         BUSY_SHARE of a core in each ``timeout`` it went unanswered), up to ``grace`` in all.
         One connection throughout: a C server that answers a probe already closed dies of
         SIGPIPE (the real 7.0.0 server does), so a late answer is waited for, not given up."""
-        from .strategies import hello_request_frame
+        from ..strategies import hello_request_frame
         frame = hello_request_frame(self.dialect or DEFAULT.name)
         t0 = time.monotonic()
         try:

@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..capture.loadprof_log import ConnectionProfile, of_side, parse_loadprof
+from ..capture.loadprof_log import LoadprofRecord, of_side, parse_loadprof
 from ..capture.proxy import RecordingProxy
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter
@@ -52,8 +52,8 @@ class FleetServer:
         self.proxy.wait_quiet(timeout=10.0)
         return list(self.proxy.transcripts)
 
-    def profiles(self) -> list[ConnectionProfile]:
-        """The server's own load profile records (GGML_RPC_LOADPROF=1 builds print them)."""
+    def loadprof_records(self) -> list[LoadprofRecord]:
+        """The server's own load profiler records (GGML_RPC_LOADPROF=1 builds print them)."""
         return of_side(parse_loadprof(self.server.log_text().splitlines()), "server")
 
 
@@ -253,7 +253,7 @@ class CellContext:
         summary = {"model": model.name, "local": run_summary(local), "runs": []}
         rows = []
         for i in range(runs):
-            marks = [(len(m.transcripts()), len(m.profiles())) for m in servers]
+            marks = [(len(m.transcripts()), len(m.loadprof_records())) for m in servers]
             rpc = run_llama_simple(bin_dir, model, servers=[m.endpoint for m in servers],
                                    shim=shim, env=LOADPROF_ENV, timeout=timeout)
             if rpc.exit.aborted and "version mismatch" in (rpc.exit.message or ""):
@@ -264,8 +264,8 @@ class CellContext:
             label = ("cold", "warm")[i] if runs == 2 and self.cache else str(i + 1)
             equal = local.ok and rpc.ok and local.stdout == rpc.stdout
             clients = of_side(parse_loadprof(rpc.log), "client")
-            for m, (n_conns, n_profiles) in zip(servers, marks):
-                rows.append(load_run_row(label, m, n_conns, n_profiles, rpc, equal,
+            for m, (n_conns, n_records) in zip(servers, marks):
+                rows.append(load_run_row(label, m, n_conns, n_records, rpc, equal,
                                           [p for p in clients if p.endpoint == m.endpoint]))
             summary["runs"].append({"run": label, "equal": equal, **run_summary(rpc)})
         (self.workdir / "model.json").write_text(json.dumps(summary, indent=2))

@@ -18,7 +18,7 @@ from ..scenario import OUTCOMES, SCENARIOS
 ROLES = ("old-client", "new-client", "old-server", "new-server")
 CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
          ("new-client", "old-server"), ("new-client", "new-server"))
-Outcome = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
+OutcomeName = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
 # tcp: the real wire; rdma-emu: reference peers over the emulated RDMA transport; rdma-verbs:
 # reference peers over pyverbs on a real device; rdma-soft: the real RDMA builds of the pins
 # over softverbs, the project's software verbs device (docs/RDMA.md, section 4)
@@ -91,7 +91,7 @@ class Expectation(_Strict):
     transport: Optional[TransportName] = None
     cache: Optional[bool] = None
     scenario: Optional[str] = None
-    outcome: Outcome
+    outcome: OutcomeName
     degraded: list[str] = []  # works-degraded: what degrades
     side: Optional[Literal["client", "server"]] = None  # rejected-at-hello: who refuses
     message: Optional[str] = None  # substring of the rejecting side's message

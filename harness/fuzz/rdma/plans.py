@@ -2,7 +2,7 @@
 
 A case is what one connection of the fuzzer (the RDMA peer of a real server) does after HELLO
 and setup: the request frames (drawn from the valid-message strategies of
-:mod:`harness.fuzz.strategies`, against sentinel buffers relocated at run time, see
+:mod:`harness.strategies`, against sentinel buffers relocated at run time, see
 :mod:`harness.fuzz.case`) end with a probe (``SET_TENSOR`` + ``GET_TENSOR`` of a buffer no other
 request touches) whose answer must be the bytes written; the SEND plan says how the stream goes
 out: the sizes of the fuzzer's ``send_data`` writes (each cut into SENDs of at most ``chunk``
@@ -10,7 +10,7 @@ bytes), and what else the fuzzer does to the transport (a SEND ring of 8, a TCP 
 SENDs in flight, receives it stops posting, receive slots smaller than the server's SENDs).
 
 Every plan is one function registered with :func:`send_plan`, like the TCP campaigns'
-mutations (:func:`harness.fuzz.strategies.mutation`): the campaign draws from
+mutations (:func:`harness.strategies.mutation`): the campaign draws from
 :data:`SEND_PLANS`, the report's coverage counts against :func:`plan_catalogue`, nothing else
 lists them. :func:`predict` is the emulation's view of a case (:func:`simulate_transfer` of
 each receiver generation), kept with every finding.
@@ -32,7 +32,7 @@ from ...proto import ggml
 from ...proto.behaviour import C_NEW, WHOLE_COMPLETION
 from ...transport.rdma_core import REQUEST, CallCutter, simulate_transfer
 from ..case import BASE, HANDLE, Step, annotate, sentinel, step
-from ..strategies import BufferRegion, hello_request_frame, messages
+from ...strategies import BufferRegion, hello_request_frame, messages
 
 DIALECT = DEFAULT.name  # the RDMA transport exists from 4.0.2; the fuzzed servers speak it
 # Buffer 0 holds the drawn requests' tensors, buffer 1 only the probe's.

@@ -8,11 +8,11 @@ from typing import Iterable, NamedTuple, Sequence, Union
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.constants import CONN_CAPS_SIZE
-from ...proto.dialects import DIALECTS, Dialect, get_dialect
-from ...proto.tensor import RpcTensor, nbytes
-from ...proto.wire import I32_MAX, I32_MIN, U8_MAX, U32_MAX, U64_MAX  # noqa: F401 - re-exported
+from ..proto import ggml
+from ..proto.constants import CONN_CAPS_SIZE
+from ..proto.dialects import DIALECTS, Dialect, get_dialect
+from ..proto.tensor import RpcTensor, nbytes
+from ..proto.wire import I32_MAX, I32_MIN, U8_MAX, U32_MAX, U64_MAX  # noqa: F401 - re-exported
 
 
 VALID_TYPE_IDS: tuple[int, ...] = tuple(i for i, t in enumerate(ggml.TYPES) if t.blck_size)

@@ -22,11 +22,11 @@ from typing import Callable, Iterable, NamedTuple
 
 from hypothesis import strategies as st
 
-from ...proto.codec import pack_request
-from ...proto.constants import Cmd
-from ...proto.dialects import DIALECTS, Dialect, get_dialect
-from ...proto.messages import TENSOR, TENSORS10, GraphLayout, Message, spec_for
-from ...proto.tensor import RpcTensor
+from ..proto.codec import pack_request
+from ..proto.constants import Cmd
+from ..proto.dialects import DIALECTS, Dialect, get_dialect
+from ..proto.messages import TENSOR, TENSORS10, GraphLayout, Message, spec_for
+from ..proto.tensor import RpcTensor
 from .basics import Buffers, BufferRegion, _draw_tensor, _regions
 from .messages import _commands, _draw_request
 
@@ -57,7 +57,7 @@ class MutationOp:
 
     kind: str  # framing | flag | field
     what: str
-    build: Callable  # (draw, Site) -> Mutation
+    build: Callable  # (draw, MutationSite) -> Mutation
     applies: Callable[[Dialect, Cmd], bool]
     fields: Fields  # the description fields it can write, per (dialect, command)
     direction: str = "request"  # "response": a lie told to a client target
@@ -152,7 +152,7 @@ def request_fields(d: Dialect, cmd: Cmd) -> set[str]:
     return {name for name, _ in layout.fields} | ({layout.tail} if layout.tail else set())
 
 
-class Site:
+class MutationSite:
     """Where one mutation is drawn: dialect, command, the buffers it may aim at, and (drawn
     on first use) the region and the valid request the mutation starts from."""
 
@@ -207,7 +207,7 @@ def tensor_mutation(what: str, *, fields: tuple[str, ...]):
     mutation of one ``rpc_tensor`` slot of every command that carries one (``field`` is
     ``"<slot>.<attribute>"``, e.g. ``"srcs[].data"``, with ``index`` for array slots)."""
     def deco(fn):
-        def build(draw, site: Site) -> Mutation:
+        def build(draw, site: MutationSite) -> Mutation:
             msg, region = site.request, site.region
             slot = draw(st.sampled_from(tensor_slots(site.d, site.cmd)))
             index = 0
@@ -273,7 +273,7 @@ def _strategy(d: Dialect, cands: list, buffers: Buffers) -> st.SearchStrategy[Mu
     @st.composite
     def build(draw):
         op, c = draw(st.sampled_from(cands))
-        return op.build(draw, Site(draw, op, d, c, buffers))
+        return op.build(draw, MutationSite(draw, op, d, c, buffers))
     return build()
 
 

@@ -35,11 +35,11 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.constants import Cmd
-from ...proto.messages import GraphComputeRequest
-from ...proto.tensor import RpcTensor
-from ...reference.server_core import ServerConfig
+from ..proto import ggml
+from ..proto.constants import Cmd
+from ..proto.messages import GraphComputeRequest
+from ..proto.tensor import RpcTensor
+from ..reference.server_core import ServerConfig
 from .basics import I32_MAX, I32_MIN, U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
 from .registry import _get_tensor, _replace_tensor, mutation, request_fields, tensor_slots
 

@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ...proto.codec import pack_request_payload
-from ...proto.constants import HELLO_ID, Cmd
-from ...proto.dialects import Dialect
-from ...proto.messages import GraphLayout, Message, spec_for
-from ...proto.wire import REQUEST_HEADER_SIZE, U64_MAX, request_frame
+from ..proto.codec import pack_request_payload
+from ..proto.constants import HELLO_ID, Cmd
+from ..proto.dialects import Dialect
+from ..proto.messages import GraphLayout, Message, spec_for
+from ..proto.wire import REQUEST_HEADER_SIZE, U64_MAX, request_frame
 from .registry import mutation, request_fields
 
 _HUGE_LENGTHS = (1 << 41, 1 << 48, 1 << 62, 1 << 63, U64_MAX)
