@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from .errors import HarnessError
-from .impls.driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, digest, make_fill
+from .impls.driver import ClientAborted, ClientDriver, ExitInfo, StepFailed, fingerprint, make_fill
 from .proto import Cmd, Session
 from .strictness import (BUILD_ERROR, DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING,
                          PROGRAM_MISSING)
@@ -208,17 +208,17 @@ def run_steps(ctx: Context, steps: list[dict], *, connect: bool = True) -> list[
 # ---------------------------------------------------------------- shared judgement helpers
 
 def data_check(name: str, got: dict, fill: dict, nbytes: int) -> Check:
-    """A ``get`` step's digest against the bytes ``fill`` describes."""
+    """A ``get`` step's fingerprint against the bytes ``fill`` describes."""
     return expect_bytes(name, got, make_fill(fill, nbytes))
 
 
 def expect_bytes(name: str, got: dict, want) -> Check:
-    """A ``get`` step's digest against the expected bytes ``want``."""
-    return expect_digest(name, got, digest(want))
+    """A ``get`` step's fingerprint against the expected bytes ``want``."""
+    return expect_fingerprint(name, got, fingerprint(want))
 
 
-def expect_digest(name: str, got: dict, want: dict) -> Check:
-    """A ``get`` step's digest against the digest of the expected bytes."""
+def expect_fingerprint(name: str, got: dict, want: dict) -> Check:
+    """A ``get`` step's fingerprint against the fingerprint of the expected bytes."""
     ok = got.get("fnv") == want["fnv"] and got.get("size") == want["size"]
     return Check(name, ok, "" if ok else
                  f"got {got.get('size')} bytes fnv {got.get('fnv')} head {got.get('head', '')[:32]}, "

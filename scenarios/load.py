@@ -2,9 +2,9 @@
 
 import os
 
-from harness.capture.loadprof import profile_transcripts
-from harness.impls.driver import digest, make_fill
-from harness.scenario import (WORKS, Check, Ended, Observation, Scenario, expect_digest, run_steps,
+from harness.capture.upload_timing import time_transcripts
+from harness.impls.driver import fingerprint, make_fill
+from harness.scenario import (WORKS, Check, Ended, Observation, Scenario, expect_fingerprint, run_steps,
                               scenario)
 
 MiB = 1 << 20
@@ -61,14 +61,14 @@ class Load(Scenario):
             second = run_steps(ctx, steps + sets + gets)
         except Ended as e:
             return e.observation
-        per_conn = [profile_transcripts([t]) for t in ctx.transcripts()]
+        per_conn = [time_transcripts([t]) for t in ctx.transcripts()]
         facts = {"tensors": len(sizes), "bytes": nbytes,
                  "load": [p.to_dict() for p in per_conn]}
-        want = [digest(make_fill(fill, n)) for (_, n), fill in zip(sizes, fills)]
+        want = [fingerprint(make_fill(fill, n)) for (_, n), fill in zip(sizes, fills)]
         checks = []
         for which, res in (("first", first), ("second", second)):
             got = res[-len(sizes):]
-            bad = [c for c in (expect_digest(name, g, w)
+            bad = [c for c in (expect_fingerprint(name, g, w)
                                for (name, _), w, g in zip(sizes, want, got)) if not c.ok]
             checks.append(Check(f"every tensor reads back in full ({which} connection)", not bad,
                                 f"{len(bad)} of {len(sizes)} differ; first: {bad[0].name}: "

@@ -1,6 +1,6 @@
 """Seed 000's experiment: a real llama.cpp program loads a model over RPC, cold and warm.
 
-llama-simple loads a generated GGUF (harness.impls.model_client.LOAD_MODEL_SPEC: feed-forward
+llama-simple loads a generated GGUF (harness.impls.tiny_gguf.LOAD_MODEL_SPEC: feed-forward
 weights above the 10 MiB hash threshold) with every layer on the RPC device(s), generates 24
 tokens greedily, and must print what a local run prints. With a server cache the load runs
 twice against the same server and cache dir (cold, then warm). Every run's row carries seed

@@ -159,7 +159,8 @@ def test_figure_ratio_is_the_median_of_paired_rounds():
 
 
 def test_markdown_has_every_figure():
-    from harness.bench.figures import Figure, markdown
+    from harness.bench.figures import Figure
+    from harness.bench.render import markdown
     figs = [Figure("a", "fig a", "GiB/s", 1.0, 2.0, "anchor a", ">= 1x anchor", False,
                    notes="n"), Figure("b", "fig b", "s", None, None, "anchor b", "<= 1 s", None)]
     m = {"cpu": "cpu", "cores": 2, "python": "3", "loadavg": [0.5, 0, 0]}
@@ -172,21 +173,21 @@ def test_markdown_has_every_figure():
 
 
 def test_a_figure_whose_run_failed_is_failed_and_fails_the_bench(tmp_path, monkeypatch):
-    from harness.bench import figures
+    from harness.bench import measure, render
     from harness.bench.cli import bench_command
     from rich.console import Console
     # planted: the matrix run exits 1 (as it did without a Docker engine: 48 cells skipped)
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho 'matrix failed: 48 cells skipped' ; exit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(figures.sys, "executable", str(fake))
-    monkeypatch.setattr(figures, "PROJECT_ROOT", tmp_path)  # no .ci/with-docker here
-    cfg = figures.BenchConfig(out=tmp_path, peer="p7")
-    f = figures.measure_matrix(cfg, tmp_path)
+    monkeypatch.setattr(measure.sys, "executable", str(fake))
+    monkeypatch.setattr(measure, "PROJECT_ROOT", tmp_path)  # no .ci/with-docker here
+    cfg = measure.BenchConfig(out=tmp_path, peer="p7")
+    f = measure.measure_matrix(cfg, tmp_path)
     assert f.failed and "exited 1" in f.failed
     assert f.value is None and f.met is None  # a failed run's wall time is no figure
-    assert figures.rows([f.to_json()])[0][-1] == "FAILED"
-    monkeypatch.setattr(figures, "run_bench", lambda cfg: (tmp_path, [f]))
+    assert render.rows([f.to_json()])[0][-1] == "FAILED"
+    monkeypatch.setattr(measure, "run_bench", lambda cfg: (tmp_path, [f]))
     assert bench_command(Console(file=open(tmp_path / "out.txt", "w")), quick=True, out=tmp_path,
                          peer="p7") == 1
 

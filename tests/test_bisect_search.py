@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness.bisect.search import FLAKY, INFERRED, MEASURED, SKIPPED, BisectError, Outcome, \
+from harness.bisect.search import FLAKY, INFERRED, MEASURED, SKIPPED, BisectError, PredicateAnswer, \
     bisect
 
 BUILDS = [f"b{i}" for i in range(20)]
@@ -22,14 +22,14 @@ class Fake:
         self.builds = builds
         self.calls: list[str] = []
 
-    def __call__(self, build: str) -> Outcome:
+    def __call__(self, build: str) -> PredicateAnswer:
         self.calls.append(build)
         i = self.builds.index(build)
         if i in self.unbuildable:
-            return Outcome(None, skipped="does not build: planted")
+            return PredicateAnswer(None, skipped="does not build: planted")
         if i in self.flaky:  # alternates between runs
-            return Outcome("old" if self.calls.count(build) % 2 else "new")
-        return Outcome("old" if i < self.change else "new")
+            return PredicateAnswer("old" if self.calls.count(build) % 2 else "new")
+        return PredicateAnswer("old" if i < self.change else "new")
 
 
 def test_finds_the_first_different_build_and_its_neighbour():
@@ -113,7 +113,7 @@ def test_ends_must_be_stable_and_different(fake, match):
 def test_a_result_neither_end_gave_is_said():
     def probe(b):
         i = BUILDS.index(b)
-        return Outcome("old" if i < 8 else "crash" if i < 12 else "new")
+        return PredicateAnswer("old" if i < 8 else "crash" if i < 12 else "new")
     r = bisect(BUILDS, probe)
     assert r.first_different == "b8"
     assert any("change more than once" in n for n in r.notes)

@@ -15,7 +15,7 @@ from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.fuzz.generate import _Model, _alloc_steps, _frame
 from harness.fuzz.inprocess import InProcessReference
 from harness.fuzz.stateful import _Session, cases as stateful_cases
-from harness.fuzz.strategies.boundaries import _WRAP_SMALL
+from harness.strategies.boundaries import _WRAP_SMALL
 from harness.fuzz.sweep import _session, _setup
 from harness.proto import get_dialect, ggml
 from harness.proto import messages as m

@@ -12,6 +12,7 @@ from scapy.packet import Raw
 from scapy.utils import rdpcap
 
 from harness import strategies as rst
+from harness.capture import dissect
 from harness.capture import scapy_layer as sl
 from harness.capture.pcap import write_pcap
 from harness.proto import (DIALECTS, TABLE, Cmd, get_dialect, pack_request, pack_response,
@@ -86,7 +87,7 @@ def test_rpc_tensor_sub_packet_has_every_field():
 @pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_dissect_streams_matches_vectors(name):
     c2s, s2c = vector_streams(name)
-    dis = sl.dissect_streams(c2s, s2c)
+    dis = dissect.dissect_streams(c2s, s2c)
     frames = vector_frames(name)
     assert dis.session.c2s_error is None and dis.session.s2c_error is None
     assert len(dis.exchanges) == len(frames)
@@ -102,7 +103,7 @@ def test_dissect_streams_matches_vectors(name):
 
 
 def test_dissected_fields():
-    dis = sl.dissect_streams(*vector_streams("happy_nocache"))
+    dis = dissect.dissect_streams(*vector_streams("happy_nocache"))
     by_cmd = {}
     for ex in dis.exchanges:
         by_cmd.setdefault(ex.cmd, ex)
@@ -126,7 +127,7 @@ def test_dissected_fields():
 
 @pytest.mark.parametrize("name", GOLDEN_NAMES)
 def test_dissect_golden_pcap(name):
-    [dis] = sl.dissect_packets(rdpcap(str(GOLDEN / f"{name}.pcap")))
+    [dis] = dissect.dissect_packets(rdpcap(str(GOLDEN / f"{name}.pcap")))
     assert [(bytes(e.request), bytes(e.response) if e.response else None)
             for e in dis.exchanges] == vector_frames(name)
 
@@ -139,7 +140,7 @@ def test_frames_split_over_many_segments(tmp_path, sizes):
     write_pcap(tr, tmp_path / "split.pcap")
     packets = rdpcap(str(tmp_path / "split.pcap"))
     assert max(len(p[TCP].payload) for p in packets) <= max(sizes)
-    [dis] = sl.dissect_packets(packets)
+    [dis] = dissect.dissect_packets(packets)
     assert [(bytes(e.request), bytes(e.response) if e.response else None)
             for e in dis.exchanges] == vector_frames("happy_nocache")
 
@@ -147,7 +148,7 @@ def test_frames_split_over_many_segments(tmp_path, sizes):
 def test_several_frames_per_segment(tmp_path):
     write_pcap(pipelined_transcript("cache"), tmp_path / "pipelined.pcap")
     packets = rdpcap(str(tmp_path / "pipelined.pcap"))
-    [dis] = sl.dissect_packets(packets)
+    [dis] = dissect.dissect_packets(packets)
     assert [(bytes(e.request), bytes(e.response) if e.response else None)
             for e in dis.exchanges] == vector_frames("cache")
 
@@ -181,7 +182,7 @@ def test_bind_port_dissects_request_segments(bound_port):
                  and len(p[TCP].payload)]
     assert all(isinstance(p[TCP].payload, sl.RPC_Response) for p in responses)
     # binding must not change what the pcap reader reassembles
-    [dis] = sl.dissect_packets(packets)
+    [dis] = dissect.dissect_packets(packets)
     assert len(dis.exchanges) == 26
 
 

@@ -15,7 +15,8 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, ggml
 from harness.proto.constants import HASH_THRESHOLD
-from harness.transport.chop import Delivery, FaultProxy, _boundaries, _FrameCursor
+from harness.proto.wire import FrameHead, FrameWalker
+from harness.transport.chop import Delivery, FaultProxy, _boundaries
 
 
 def test_delivery_specs():
@@ -29,16 +30,16 @@ def test_delivery_specs():
         Delivery.parse("shred")
 
 
-def test_frame_cursor_finds_frames_across_reads():
+def test_the_frame_walker_finds_frames_across_reads():
     frames = [bytes([14]) + (24).to_bytes(8, "little") + bytes(24),
               bytes([15]) + bytes(8), bytes([6]) + (310).to_bytes(8, "little") + bytes(310)]
     stream = b"".join(frames)
-    cur = _FrameCursor(requests=True)
+    walker = FrameWalker(requests=True)
     found = []
     for i in range(0, len(stream), 5):
-        found += cur.advance(stream[i:i + 5])
-    assert [(f[0], f[2], f[3]) for f in found] == [(0, 33, 14), (33, 42, 15), (42, 361, 6)]
-    cuts = _boundaries(42, 51, 361, 6, limit=64)
+        found += [p.frame for p in walker.feed(stream[i:i + 5]) if p.header and p.frame]
+    assert [(f.start, f.end, f.cmd) for f in found] == [(0, 33, 14), (33, 42, 15), (42, 361, 6)]
+    cuts = _boundaries(FrameHead(42, 51, 361, 6, 2), limit=64)
     assert 51 + 296 in cuts and 51 + 297 in cuts  # the cache_flag byte is isolated
 
 

@@ -17,7 +17,7 @@ from harness.impls.registry import PeerError, get_peer
 from harness.impls.supervisor import start_peer_server
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
-from harness.proto import get_dialect
+from harness.proto import DIALECTS, get_dialect
 
 RECORDING = json.loads(shipped("vectors", "conformance-8.0.0.json").read_text())
 
@@ -66,11 +66,11 @@ def test_expectations_follow_the_row_not_the_version():
     assert {"hash-buffer-0", "hash-type-43"} <= set(by)  # the validation cases apply
     assert "2d-roundtrip" not in by and "recompute-unknown-uid" not in by  # no 2D, no uid
     # and the reference server of that row answers as the catalogue expects
-    srv = ReferenceServer(ServerConfig(trial), serial=True, out=io.StringIO(), err=io.StringIO())
+    srv = ReferenceServer(ServerConfig(trial), out=io.StringIO(), err=io.StringIO())
     srv.start()
     try:
         assert not _wrong(run_all(srv.host, srv.port, list(by.values()), dialect=trial,
-                                  observe_wait=0.2))
+                                  workers=8, observe_wait=0.2))
     finally:
         srv.stop()
 
@@ -82,15 +82,44 @@ def _reference(dialect: str) -> ReferenceServer:
     return srv
 
 
-@pytest.mark.parametrize("dialect", ["8.0.0", "9.0.0"])
-def test_reference_server_closes_where_the_real_8_0_0_does(dialect):
-    srv = _reference(dialect)
+def _catalogue_on_the_reference(dialect: str) -> tuple[int, list]:
+    """(cases run, the wrong ones) of the row's catalogue against the row's reference server,
+    which still serves afterwards."""
+    srv = ReferenceServer(ServerConfig(get_dialect(dialect)), out=io.StringIO(),
+                          err=io.StringIO())  # concurrent: the cases run side by side
+    srv.start()
     try:
-        assert not _wrong(run_all(srv.host, srv.port, dialect=dialect, observe_wait=0.2))
+        cases = cases_for(dialect)
+        wrong = _wrong(run_all(srv.host, srv.port, cases, dialect=dialect, workers=8,
+                               observe_wait=0.2)) if cases else []
         with RawSession(srv.host, srv.port, dialect=dialect) as s:  # still serving
             assert s.hello().version == get_dialect(dialect).version
     finally:
         srv.stop()
+    return len(cases), wrong
+
+
+# Every row of the table (a row added since is collected too): the reference server of that row
+# answers the catalogue as the row's fields say the real servers do.
+@pytest.mark.parametrize("dialect", list(DIALECTS))
+def test_every_row_meets_the_catalogue_on_its_reference_server(dialect):
+    ran, wrong = _catalogue_on_the_reference(dialect)
+    assert not wrong
+    # a row gets no case only for its wire: the catalogue was recorded on 7.0.0's
+    assert ran > 0 or not CATALOGUE_WIRE.holds(get_dialect(dialect)), dialect
+
+
+def test_a_reference_server_off_its_row_fails_the_catalogue(monkeypatch):
+    # planted: the 8.0.0 reference looks the hash up before validating its tensor (7.0.0's way)
+    from harness.reference import server_core
+    original = server_core.ServerSession.__init__
+
+    def lookup_first(self, state, behaviour=None):
+        original(self, state, behaviour)
+        self.behaviour = self.behaviour.with_(server_hash_checks_tensor=False)
+    monkeypatch.setattr(server_core.ServerSession, "__init__", lookup_first)
+    ran, wrong = _catalogue_on_the_reference("8.0.0")
+    assert ran and "set-tensor-hash-null" in {w[0] for w in wrong}
 
 
 def test_a_wrong_expectation_is_reported():

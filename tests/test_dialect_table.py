@@ -13,7 +13,7 @@ import types
 
 import pytest
 
-from harness.reference.profile import profile_for
+from harness.reference.behaviour_view import behaviour_view_for
 from harness.reference.server_core import Close, ServerConfig, ServerSession, ServerState
 from harness.proto import dialects, messages as m
 from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS,
@@ -27,7 +27,7 @@ from harness.transport.rdma_core import RdmaConfig, config_for_dialect
 
 # the fields a row may leave empty
 OPTIONAL = {("rdma", "data_read_piece")}
-OPTIONAL_ROW = {"alias"}  # a row needs no short name
+OPTIONAL_ROW = {"alias", "derived_from"}  # a row needs no short name; only a derived one a base
 
 
 def missing_rows(namespace, table: dict) -> list[str]:
@@ -99,14 +99,45 @@ def test_todays_rows_keep_their_behaviour():
         assert (d.peer, d.rdma, d.numbering) == (peer, rdma, numbering), name
 
 
+PEER_FIELDS = [f.name for f in dataclasses.fields(PeerBehaviour)]  # every one, a new one too
+
+
 @pytest.mark.parametrize("name", list(DIALECTS))
 def test_peers_and_rdma_follow_the_row(name):
     d = DIALECTS[name]
-    p = profile_for(d)
-    fields = ("client_hash", "server_receive", "server_chunk", "client_zero_copy")
-    assert [getattr(p, f) for f in fields] == [getattr(d.peer, f) for f in fields]
+    view = behaviour_view_for(d)
+    assert [getattr(view, f) for f in PEER_FIELDS] == [getattr(d.peer, f) for f in PEER_FIELDS]
     assert config_for_dialect(d).generation == d.rdma
     assert config_for_dialect(name) is RdmaConfig.of(d.rdma)
+
+
+def _null_hash_lookup(view) -> str:
+    """What the reference server does with a SET_TENSOR_HASH of a null tensor and no cache."""
+    session = ServerSession(ServerState(ServerConfig(dialect=view.dialect)), view)
+    try:
+        session.handle(m.SetTensorHashRequest(RpcTensor.null(), 0, 0))
+    except Close:
+        return "closed"
+    return "answered"
+
+
+def test_the_reference_server_reads_its_behaviour_through_its_view():
+    """A view's override reaches the server (the row alone says 7.0.0 looks the hash up
+    first, so without the override the null tensor goes unchecked)."""
+    row = behaviour_view_for("7.0.0")
+    assert _null_hash_lookup(row) == "answered"
+    assert _null_hash_lookup(row.with_(server_hash_checks_tensor=True)) == "closed"
+
+
+def test_a_server_reading_the_row_past_its_view_fails_the_check(monkeypatch):
+    # planted: the session ignores the view it is given and reads its dialect's row
+    original = ServerSession.__init__
+
+    def row_only(self, state, behaviour=None):
+        original(self, state, None)
+    monkeypatch.setattr(ServerSession, "__init__", row_only)
+    view = behaviour_view_for("7.0.0").with_(server_hash_checks_tensor=True)
+    assert _null_hash_lookup(view) != "closed"
 
 
 # A throw-away dialect: one row, nothing else touched.
@@ -118,7 +149,7 @@ D_TEST = Dialect("10.0.0-test", (10, 0, 0), dialects.D900.ids, graph_uid=True,
 
 
 def test_a_new_dialect_is_one_row():
-    p = profile_for(D_TEST)
+    p = behaviour_view_for(D_TEST)
     assert p.server_receive == RECEIVE_STREAMED and p.client_zero_copy
     cfg = config_for_dialect(D_TEST)
     assert (cfg.name, cfg.send_slots, cfg.recv_policy, cfg.send_framing, cfg.read_calls) == \
@@ -194,3 +225,105 @@ def test_no_row_of_the_major_means_no_dialect():
     assert dialect_for_version((10, 0, 0)) is None
     with pytest.raises(ValueError, match="unknown dialect"):
         get_dialect("10.0.0")
+
+
+# Every version without a row that a build may announce, up to one minor and one patch past the
+# newest row of its major, and the row it is derived from (derived_dialect: the row of its
+# major closest below it). Pinned, so what a new row does to derivation shows in its diff: when
+# the table and the rows disagree, the test prints the table as the rows now make it, to paste
+# over this one (docs/EXTENDING.md, "Add a dialect").
+DERIVED = {
+    "3.6.1": ("3.0.0", "3.0.1", "3.0.2", "3.1.0", "3.1.1", "3.1.2", "3.2.0", "3.2.1", "3.2.2",
+              "3.3.0", "3.3.1", "3.3.2", "3.4.0", "3.4.1", "3.4.2", "3.5.0", "3.5.1", "3.5.2",
+              "3.6.0", "3.6.2", "3.7.0", "3.7.1", "3.7.2"),
+    "4.0.2": ("4.0.0", "4.0.1", "4.0.3", "4.1.0", "4.1.1", "4.1.2", "4.1.3"),
+    "5.0.0": ("5.0.1", "5.1.0", "5.1.1"),
+    "6.0.0": ("6.0.1", "6.1.0", "6.1.1"),
+    "7.0.1": ("7.0.2", "7.1.0", "7.1.1", "7.1.2"),
+    "8.0.0": ("8.0.1", "8.1.0", "8.1.1"),
+    "9.0.0": ("9.0.1", "9.1.0", "9.1.1"),
+}
+TABLE_BEGIN, TABLE_END = "--- derived table as the rows make it ---", "--- end ---"
+
+
+def derivable_versions() -> list[tuple[int, int, int]]:
+    rows = [d.version for d in DIALECTS.values() if d.name == d.version_str]
+    out = []
+    for major in sorted({v[0] for v in rows}):
+        mine = [v for v in rows if v[0] == major]
+        out += [(major, minor, patch) for minor in range(max(v[1] for v in mine) + 2)
+                for patch in range(max(v[2] for v in mine) + 2)
+                if (major, minor, patch) not in mine]
+    return out
+
+
+def derived_table() -> dict[str, tuple[str, ...]]:
+    table: dict[str, list[str]] = {}
+    for v in derivable_versions():
+        d = get_dialect("%d.%d.%d" % v)
+        assert d.derived_from in DIALECTS and not d.primary, d
+        table.setdefault(d.derived_from, []).append(d.name)
+    order = sorted(table, key=lambda name: DIALECTS[name].version)
+    return {base: tuple(table[base]) for base in order}
+
+
+def format_table(table: dict[str, tuple[str, ...]]) -> str:
+    import textwrap
+    lines = ["DERIVED = {"]
+    for base, versions in table.items():
+        items = ", ".join(f'"{v}"' for v in versions) + ("," if len(versions) == 1 else "")
+        body = textwrap.wrap(items, 84)
+        lines.append(f'    "{base}": (' + body[0])
+        lines += ["              " + b for b in body[1:]]
+        lines[-1] += "),"
+    return "\n".join(lines + ["}"])
+
+
+def derivation_changes(pinned: dict, now: dict) -> list[str]:
+    was = {v: base for base, vs in pinned.items() for v in vs}
+    new = {v: base for base, vs in now.items() for v in vs}
+    return [f"{v}: {was.get(v, '(not derivable)')} -> {new.get(v, '(not derivable)')}"
+            for v in sorted(set(was) | set(new), key=lambda s: tuple(map(int, s.split("."))))
+            if was.get(v) != new.get(v)]
+
+
+def test_every_derivable_version_maps_to_its_pinned_row():
+    now = derived_table()
+    changes = derivation_changes(DERIVED, now)
+    if changes:  # printed verbatim (no traceback), so the table can be pasted as it stands
+        pytest.fail("a row changed what derived versions map to:\n" + "\n".join(changes)
+                    + f"\n{TABLE_BEGIN}\n{format_table(now)}\n{TABLE_END}", pytrace=False)
+
+
+def test_a_new_row_shows_in_the_derivation_check(monkeypatch):
+    # planted: a row one minor above DEFAULT's major's newest (7.1.0 today) takes over the
+    # versions derived so far from that major's newest row
+    from harness.proto.dialects import DEFAULT, derived_dialect
+    major = DEFAULT.version[0]
+    minor = max(d.version[1] for d in DIALECTS.values() if d.version[0] == major) + 1
+    name = f"{major}.{minor}.0"
+    was = get_dialect(f"{major}.{minor}.1").derived_from
+    row = dataclasses.replace(DEFAULT, name=name, version=(major, minor, 0), primary=False,
+                              alias=None)
+    monkeypatch.setitem(DIALECTS, row.name, row)
+    derived_dialect.cache_clear()
+    try:
+        changes = derivation_changes(DERIVED, derived_table())
+    finally:
+        monkeypatch.undo()
+        derived_dialect.cache_clear()
+    assert f"{major}.{minor}.1: {was} -> {name}" in changes
+    assert f"{major}.{minor + 1}.0: (not derivable) -> {name}" in changes
+    assert f"{name}: {was} -> (not derivable)" in changes  # now a row of its own
+    assert all(c.startswith(f"{major}.") for c in changes), changes
+
+
+def test_the_pinned_table_prints_as_it_is_written():
+    # the printed table reads as the pinned one and is written as it is, so pasting the printed
+    # table over the pinned one is the whole edit
+    from pathlib import Path
+    for table in (DERIVED, {"7.1.0": ("7.2.0",)}):  # a one-version row stays a tuple
+        scope: dict = {}
+        exec(format_table(table), scope)
+        assert scope["DERIVED"] == table
+    assert format_table(DERIVED) in Path(__file__).read_text()

@@ -6,8 +6,9 @@ import subprocess
 
 import pytest
 
-from harness.impls.model_client import (TinyModelSpec, compare_local_rpc, ensure_shim,
-                                        run_llama_simple, tiny_model, write_tiny_gguf)
+from harness.impls.model_client import compare_local_rpc, run_llama_simple
+from harness.impls.preload_shim import ensure_shim
+from harness.impls.tiny_gguf import TinyModelSpec, tiny_model, write_tiny_gguf
 from needs import module
 from test_realclient_support import FakeServer, RealServer, realpeer, require_peer_dir
 

@@ -57,12 +57,54 @@ def test_matrix_yaml_accepts_the_new_row(registered):
     assert m.implementations["ref-91"].proto == registered.name
 
 
+def _design_naming(row) -> Matrix:
+    return Matrix.model_validate({
+        "implementations": {"ref-9": {"kind": "ref", "proto": "9.0.0"}},
+        "designs": {"d": {"roles": {"old-client": "ref-9", "new-client": row.name,
+                                    "old-server": "ref-9", "new-server": row.name}}},
+        "scenarios": ["handshake"], "expectations": []})
+
+
+def version_rule_misses(m: Matrix) -> list[str]:
+    """Cells whose expectation is not the version rule's for their two dialects."""
+    from harness.matrix.cells import expand, expectation_for
+    from harness.proto.dialects import client_accepts, get_dialect
+    out = []
+    for cell in expand(m):
+        c = get_dialect(m.implementations[cell.client].proto)
+        s = get_dialect(m.implementations[cell.server].proto)
+        e = expectation_for(m, cell)
+        want = "works" if client_accepts(c.version, s.version) else "rejected-at-hello"
+        if e.outcome != want or (want != "works" and f"mismatch: {s.version_str}" not in e.message):
+            out.append(f"{cell.id}: expected {e.outcome}, the version rule says {want}")
+    return out
+
+
+def test_a_design_naming_the_row_gets_cells_with_the_version_rules_expectations(registered):
+    m = _design_naming(registered)
+    assert m.designs["d"].roles["new-server"] == "ref-9.1.0-example"
+    assert m.implementations["ref-9.1.0-example"].proto == registered.name
+    assert not version_rule_misses(m)
+
+
+def test_the_old_catch_all_fails_the_version_rule_check(registered, monkeypatch):
+    # planted: no rule matched used to mean "works" (same major assumed); a 9.0.0 client
+    # refuses a 9.1.0 server
+    from harness.matrix import cells
+    from harness.matrix.model import Expectation
+    monkeypatch.setattr(cells, "predict", lambda c, s: Expectation(outcome="works"))
+    assert any("d:ref-9_ref-9.1.0-example:handshake" in miss
+               for miss in version_rule_misses(_design_naming(registered)))
+
+
 # ------------------------------------------------------------------ the worked trial, for real
-# docs/EXTENDING.md followed literally in a copy of the tree: a dialect row (7.0.0 with one
-# behaviour of 8.0.0 changed), a scenario file and a mutation, each written into exactly the
-# files the guide names; then the suite's dialect, conformance, scenario and strategy tests and
-# `harness list` / `harness dialects` run in a fresh process of that copy. A guide that names
-# too few files, or code that still lists dialects, scenarios or mutations elsewhere, fails.
+# docs/EXTENDING.md followed literally in a clean export of the tree (tracked and untracked
+# files): a dialect row (7.0.0 with one behaviour of 8.0.0 changed) with a design that names it,
+# a scenario file and two mutations (a field one and a framing one), each written into exactly
+# the files the guide names; then in fresh processes of that copy: `harness list` gives the
+# row cells, `harness matrix` runs them and they pass, and the suite's dialect, conformance,
+# scenario and strategy tests pass (with their own --basetemp). A guide that names too few
+# files, or code that still lists dialects, scenarios or mutations elsewhere, fails.
 
 TRIAL_ROW = '''
 # worked trial (tests/test_extending.py): 7.0.0 whose SET_TENSOR_HASH validates its tensor
@@ -71,6 +113,11 @@ D710 = Dialect("7.1.0", (7, 1, 0), _IDS_5, evidence="[INF] worked trial",
                rdma=RDMA_PROTO7, numbering=GGML_7)
 DIALECTS[D710.name] = D710
 '''
+TRIAL_DESIGN = '''
+  trial:  # worked trial (tests/test_extending.py): the 7.1.0 row, named by its version
+    description: worked trial - old = the reference 7.0.0, new = the reference 7.1.0
+    scenarios: [handshake, trial-memory]
+    roles: {old-client: ref-7, new-client: "7.1.0", old-server: ref-7, new-server: "7.1.0"}'''
 TRIAL_SCENARIO = '''"""Worked trial (tests/test_extending.py): the server reports device memory."""
 
 from harness.scenario import WORKS, Check, Ended, Observation, Scenario, run_steps, scenario
@@ -98,23 +145,35 @@ def _(draw, site):
     device = draw(st.sampled_from((2, 0xBEEF)))
     return site.mutation("device", replace(site.request, device=device), value=device)
 '''
+TRIAL_FRAMING = '''
+
+@mutation("framing", "trial_len_one_over", fields=("len",), applies=_is_fixed,
+          refused_at=("len",))
+def _(draw, site):
+    frame = site.frame()
+    n = len(frame) - REQUEST_HEADER_SIZE + 1  # one byte more than the fixed size, none sent
+    return site.mutation("len", request_frame(frame[0], frame[REQUEST_HEADER_SIZE:], n), value=n)
+'''
 GUIDE_FILES = {  # what docs/EXTENDING.md says each addition touches
-    "dialect": ["harness/proto/dialects.py"],
+    "dialect": ["harness/proto/dialects.py", "tests/test_dialect_table.py",
+                "harness/data/matrix.yaml"],
     "scenario": ["scenarios/trial_memory.py", "harness/data/matrix.yaml"],
-    "mutation": ["harness/fuzz/strategies/fields.py"],
+    "mutation": ["harness/strategies/fields.py", "harness/strategies/framing.py"],
 }
 
 
-def _copy_tree(dest):
+def _export_tree(dest):
+    """The working tree as git sees it: tracked files and the untracked ones it does not
+    ignore (an uncommitted change is part of what the guide is tried on)."""
     import shutil
     import subprocess
     from pathlib import Path
     root = Path(__file__).resolve().parent.parent
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True,
-                           check=True).stdout.decode().split("\0")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                           cwd=root, capture_output=True, check=True).stdout.decode().split("\0")
     for rel in filter(None, files):
         src = root / rel
-        if src.is_file():
+        if src.is_file():  # a tracked file deleted in the working tree is not exported
             (dest / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / rel)
     return root
@@ -132,8 +191,29 @@ def _files_named_by_the_guide() -> dict[str, str]:
     return out
 
 
+def _insert(path, anchor: str, text: str, *, after: bool = False) -> None:
+    body = path.read_text()
+    assert anchor in body, (path, anchor)
+    path.write_text(body.replace(anchor, anchor + text if after else text + anchor, 1))
+
+
+def _changed(tree, before: dict) -> set[str]:
+    return {str(p.relative_to(tree)) for p in tree.rglob("*") if p.is_file()
+            and before.get(p.relative_to(tree)) != p.read_bytes()}
+
+
+def test_the_changed_file_check_sees_an_untracked_file_and_a_stray_edit(tmp_path):
+    # planted: an edit outside the guide's files, and a new file nobody named
+    (tmp_path / "a.py").write_text("x = 1\n")
+    before = {p.relative_to(tmp_path): p.read_bytes() for p in tmp_path.rglob("*")}
+    (tmp_path / "a.py").write_text("x = 2\n")
+    (tmp_path / "b.py").write_text("")
+    assert _changed(tmp_path, before) == {"a.py", "b.py"}
+
+
 @pytest.mark.slow
 def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_names(tmp_path):
+    import json
     import os
     import subprocess
     import sys
@@ -145,25 +225,8 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
                 f.removeprefix("harness/data/")
             assert named in guide[key], (key, named)
     tree = tmp_path / "tree"
-    _copy_tree(tree)
+    _export_tree(tree)
     before = {p.relative_to(tree): p.read_bytes() for p in tree.rglob("*") if p.is_file()}
-    dialects = tree / "harness/proto/dialects.py"
-    text = dialects.read_text()
-    anchor = "# The dialects the reference peer is held to byte-exactness for"
-    assert anchor in text
-    dialects.write_text(text.replace(anchor, TRIAL_ROW.lstrip() + "\n" + anchor, 1))
-    (tree / "scenarios/trial_memory.py").write_text(TRIAL_SCENARIO)
-    matrix = tree / "harness/data/matrix.yaml"
-    m = matrix.read_text()
-    assert "\nscenarios: [handshake, " in m
-    matrix.write_text(m.replace("\nscenarios: [handshake, ",
-                                "\nscenarios: [trial-memory, handshake, ", 1))
-    fields = tree / "harness/fuzz/strategies/fields.py"
-    fields.write_text(fields.read_text() + TRIAL_MUTATION)
-    changed = {p.relative_to(tree) for p in tree.rglob("*") if p.is_file()
-               and before.get(p.relative_to(tree)) != p.read_bytes()}
-    assert {str(p) for p in changed} == {f for fs in GUIDE_FILES.values() for f in fs}
-
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
     env.update(PYTHONPATH=str(tree), PYTHONDONTWRITEBYTECODE="1")
 
@@ -172,27 +235,72 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
                            text=True, timeout=timeout)
         return r.returncode, r.stdout + r.stderr
 
+    def pytest_in_tree(*args):  # temporary folders of its own, not the shared ones
+        return run("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                   f"--basetemp={tmp_path / 'nested'}", *args)
+
+    # a dialect: the row; the derived versions it changes, pasted from what the check prints;
+    # a design naming the row by its version, which gives the row cells
+    _insert(tree / "harness/proto/dialects.py",
+            "# The dialects the reference peer is held to byte-exactness for",
+            TRIAL_ROW.lstrip() + "\n")
+    rc, out = pytest_in_tree("tests/test_dialect_table.py::"
+                             "test_every_derivable_version_maps_to_its_pinned_row")
+    assert rc == 1 and "7.1.1: 7.0.1 -> 7.1.0" in out, out[-3000:]
+    from test_dialect_table import DERIVED, TABLE_BEGIN, TABLE_END, format_table
+    printed = out.split(TABLE_BEGIN + "\n", 1)[1].split("\n" + TABLE_END, 1)[0]
+    pins = tree / "tests/test_dialect_table.py"
+    assert format_table(DERIVED) in pins.read_text()
+    pins.write_text(pins.read_text().replace(format_table(DERIVED), printed, 1))
+    matrix = tree / "harness/data/matrix.yaml"
+    _insert(matrix, "\ndesigns:\n", TRIAL_DESIGN.lstrip("\n") + "\n", after=True)
+    # a scenario
+    (tree / "scenarios/trial_memory.py").write_text(TRIAL_SCENARIO)
+    _insert(matrix, "\nscenarios: [handshake, ", "trial-memory, ", after=True)
+    # two mutations: a field one and a framing one
+    for name, text in (("fields.py", TRIAL_MUTATION), ("framing.py", TRIAL_FRAMING)):
+        module = tree / "harness/strategies" / name
+        module.write_text(module.read_text() + text)
+    assert _changed(tree, before) == {f for fs in GUIDE_FILES.values() for f in fs}
+
     rc, out = run("-c", "import harness, scenarios; print(harness.__file__)")
     assert rc == 0 and str(tree) in out, out  # the copy is what runs
     rc, out = run("-m", "harness", "dialects", "--json")
     assert rc == 0 and '"7.1.0"' in out, out[-2000:]
     rc, out = run("-m", "harness", "list", "--json")
-    assert rc == 0 and "trial-memory" in out, out[-2000:]
-    rc, out = run("-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-m",
-                  "not realpeer and not slow",
-                  "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
-                  "tests/test_conformance_8.py", "tests/test_scenarios.py",
-                  "tests/test_strategies.py", "tests/test_error_roots.py")
+    assert rc == 0, out[-2000:]
+    cells = [c for c in json.loads(out) if "ref-7.1.0" in (c["client"], c["server"])]
+    # three pairs with the row, each with handshake (cache off and on) and the trial scenario
+    assert len(cells) == 9 and {c["scenario"] for c in cells} == {"handshake", "trial-memory"}
+    # the version rule: a 7.0.0 client refuses a 7.1.0 server (a newer minor), nothing else
+    refused = {c["id"] for c in cells if c["expected"].startswith("rejected-at-hello")}
+    assert refused == {c["id"] for c in cells if c["pair"] == "old-client/new-server"}, cells
+    reports = tmp_path / "reports"  # the row's cells run, and pass
+    rc, out = run("-m", "harness", "matrix", "--no-releases", "--design", "trial",
+                  "--out", str(reports))
+    verdicts = {r["cell_id"]: r["verdict"] for f in reports.glob("*/results.jsonl")
+                for r in map(json.loads, f.read_text().splitlines())}
+    assert rc == 0 and set(verdicts) >= {c["id"] for c in cells}, out[-3000:]
+    assert set(verdicts.values()) == {"pass"}, verdicts
+    rc, out = pytest_in_tree("-x", "-m", "not realpeer and not slow", "-rA",
+                             "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
+                             "tests/test_conformance_8.py", "tests/test_scenarios.py",
+                             "tests/test_strategies.py", "tests/test_error_roots.py")
     assert rc == 0, out[-4000:]
+    # the row was held to the catalogue, and the framing check read the new mutation's entry
+    assert "PASSED tests/test_conformance_8.py::test_every_row_meets_the_catalogue_on_its_" \
+           "reference_server[7.1.0]" in out, out[-4000:]
     # and the trial's facts hold where the table, the registry and the catalogue say
     rc, out = run("-c", "\n".join((
         "from harness.conformance.check import cases_for",
-        "from harness.strategies import mutation_catalogue",
+        "from harness.strategies import MUTATIONS, mutation_catalogue",
         "import scenarios  # registers every scenario module",
         "from harness.scenario import SCENARIOS",
         "c = {x.id: x for x in cases_for('7.1.0')}",
         "assert c['set-tensor-hash-null'].expect_for('7.1.0') == 'closed', c",
         "assert 'trial-memory' in SCENARIOS",
-        "assert any(e['what'] == 'trial_max_size_device' for e in mutation_catalogue('7.1.0'))",
+        "whats = {e['what'] for e in mutation_catalogue('7.1.0')}",
+        "assert {'trial_max_size_device', 'trial_len_one_over'} <= whats, whats",
+        "assert MUTATIONS[('framing', 'trial_len_one_over')].never_runs",
         "print('trial ok')")))
     assert rc == 0 and "trial ok" in out, out[-2000:]

@@ -193,7 +193,7 @@ def test_fault_shim_tells_a_stack_overflow_from_a_null_write(tmp_path):
     from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
     from harness.fuzz.faultinfo import shim_path
     from harness.fuzz.case_runner import CaseRunner
-    from harness.fuzz.strategies.graphs import _deep_chain
+    from harness.strategies.graphs import _deep_chain
     from harness.fuzz.target import Target
     from harness.fuzz.target_spec import TargetSpec
     from harness.proto import RpcTensor, get_dialect, ggml, pack_request
@@ -371,7 +371,7 @@ def test_found_after_is_when_a_finding_was_first_seen_not_when_it_was_minimised(
     from harness.fuzz.case import annotate, step
     from harness.fuzz.case_runner import Finding
     from harness.fuzz.signature import Signature
-    from harness.fuzz.strategies import hello_request_frame
+    from harness.strategies import hello_request_frame
     from harness.proto import get_dialect
     from harness.proto.codec import pack_request
     from harness.proto.messages import GetAlignmentRequest

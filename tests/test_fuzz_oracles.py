@@ -17,7 +17,7 @@ from harness.fuzz.oracles import (ANY_FRAME, KINDS, SERIAL_NOTE, OracleLimits, c
                                   held_variant, open_frame_step, written)
 from harness.fuzz.replay import load, replay
 from harness.fuzz.report import DEFAULT_MIN_MESSAGES, campaign_problems
-from harness.fuzz.strategies import hello_request_frame
+from harness.strategies import hello_request_frame
 from harness.reference.knobs import parse_knobs
 from harness.proto import get_dialect
 from harness.proto.codec import pack_request

@@ -403,7 +403,7 @@ def test_executor_requires_a_close_after_a_refused_request(reference):
 
 
 def test_deep_chains_can_list_only_their_output():
-    from harness.fuzz.strategies.graphs import _deep_chain
+    from harness.strategies.graphs import _deep_chain
     region = rst.BufferRegion(sentinel(HANDLE, 0), sentinel(BASE, 0), 4096)
     every = _deep_chain(100, region)
     last = _deep_chain(100, region, "output_only")

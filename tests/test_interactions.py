@@ -14,7 +14,7 @@ import pytest
 from harness.fuzz import bounds, covering, interactions as ia, scale, stateful
 from harness.fuzz import sweep as sw
 from harness.fuzz.inprocess import InProcessReference
-from harness.fuzz.strategies.basics import _tensor_nbytes
+from harness.strategies.basics import _tensor_nbytes
 from harness.proto import Cmd, get_dialect
 from harness.proto.dialects import DIALECTS
 from harness.reference.knobs import parse_knobs

@@ -190,7 +190,7 @@ def test_graph_cache_limit_is_the_c_clients(tmp_path):
     """1025 kept graphs: the 8.0.0 client clears its uid cache at the 1025th, so the first
     graph goes out again as GRAPH_COMPUTE; the reference client does the same."""
     from harness.impls.ctypes_driver import CtypesClientDriver
-    from harness.impls.ref_driver import GRAPH_CACHE_MAX
+    from harness.proto.constants import GRAPH_CACHE_MAX
     peer = real_peer("p8")
     steps = GRAPH_STEPS[:4] + [{"op": "node", "name": "s", "kind": "add", "inputs": ["a", "b"],
                                 "buffer": "act", "offset": 0}]

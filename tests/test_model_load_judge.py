@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from harness.capture.loadprof_log import ConnectionProfile
-from harness.matrix.load_runs import sum_profiles as _sum_profiles
+from harness.capture.loadprof_log import LoadprofRecord
+from harness.matrix.load_runs import sum_loadprof_records as _sum_profiles
 from harness.report.html_report import load_table
 from harness.report.load_table import load_rows, markdown_table
 from harness.scenario import DEGRADED, FAILED, WORKS
@@ -180,7 +180,7 @@ def test_profiles_of_several_connections_add_up():
                       set_tensor=2, bytes=10, hash_calls=1, hash_hits=0, hashed_bytes=5,
                       direct=0, staged=0, span_s=0.5, hash_s=0.1, staging_s=0.0, wire_s=0.2,
                       gap_s=0.1, gaps=1, max_gap_s=0.1)
-        return ConnectionProfile(**{**fields, **kw})
+        return LoadprofRecord(**{**fields, **kw})
     total = _sum_profiles([rec(1), rec(2, span_s=0.7, flags=0, load_opt=False, max_gap_s=0.3)])
     assert total["set_tensor"] == 4 and total["bytes"] == 20 and total["connections"] == 2
     assert total["span_s"] == 0.7 and total["max_gap_s"] == 0.3

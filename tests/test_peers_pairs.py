@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from harness.data import default_matrix
-from harness.impls.driver import digest, make_fill
+from harness.impls.driver import fingerprint, make_fill
 from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.impls.registry import list_peers
 from harness.impls.supervisor import start_peer_server
@@ -46,9 +46,9 @@ def test_same_version_pair_runs_a_basic_session(peer, tmp_path):
     x = make_fill(FILL_X, 128).view(np.float32)
     y = make_fill(FILL_Y, 128).view(np.float32)
     assert res[0]["count"] >= 1
-    assert res[10]["fnv"] == digest(x + y)["fnv"]
-    assert res[12]["fnv"] == digest(x)["fnv"]
-    assert res[14]["fnv"] == digest(bytes(128))["fnv"]
+    assert res[10]["fnv"] == fingerprint(x + y)["fnv"]
+    assert res[12]["fnv"] == fingerprint(x)["fnv"]
+    assert res[14]["fnv"] == fingerprint(bytes(128))["fnv"]
     assert info.returncode == 0
 
 

@@ -65,7 +65,7 @@ def test_the_emulation_locates_the_first_misfit_send():
     assert p.first_misfit(one) == ("cmd read", "SET_TENSOR")
     pred = p.predict(one)
     assert pred[p.OLD_RECEIVER].startswith("RDMA overrun") and \
-        pred["seed 000 (partial receive)"] == "intact"
+        pred["7.0.0+flags (partial receive)"] == "intact"
 
 
 def test_which_plans_a_correct_server_must_answer():
@@ -147,3 +147,17 @@ def test_no_case_makes_more_sends_than_the_bound(case):
 def test_no_sweep_case_makes_more_sends_than_the_bound():
     # the old sweep held a ragged case of 266,051 SENDs (the plans' old unbounded cycle)
     assert max(_sends(c) for c in p.sweep_cases()) <= p.MAX_CYCLED_WRITES + 256
+
+
+def test_the_receivers_are_the_tables_receive_generations(monkeypatch):
+    import dataclasses
+    from harness.proto import dialects
+    from harness.proto.behaviour import APP, PARTIAL, RdmaGeneration
+    generations = {(d.rdma.recv_policy, d.rdma.read_calls) for d in dialects.DIALECTS.values()
+                   if d.primary}
+    assert {(v["recv_policy"], v["read_calls"]) for v in p.RECEIVERS.values()} == generations
+    # a primary row with a receive generation of its own is predicted too
+    row = dataclasses.replace(dialects.D900, name="9.9.0", version=(9, 9, 0), alias=None,
+                              rdma=RdmaGeneration("app-reads", 1, PARTIAL, "writes", APP))
+    monkeypatch.setitem(dialects.DIALECTS, row.name, row)
+    assert p._receivers()["9.9.0 (partial receive)"] == {"recv_policy": PARTIAL, "read_calls": APP}

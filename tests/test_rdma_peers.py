@@ -17,7 +17,7 @@ import pytest
 
 from harness.capture.canonical import canonical, first_divergence
 from harness.capture.transcript import C2S, S2C
-from harness.impls.driver import ClientAborted, digest, make_fill
+from harness.impls.driver import ClientAborted, fingerprint, make_fill
 from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.rdma import rdma_checks
 from harness.reference.knobs import Misbehaviour
@@ -117,13 +117,13 @@ def expected_digests() -> dict:
     n = 64
     xa = make_fill({"pattern": "random", "seed": 1}, 4 * n).view(np.float32)
     xb = make_fill({"pattern": "random", "seed": 2}, 4 * n).view(np.float32)
-    out = {f"t{i}": digest(make_fill({"pattern": "random", "seed": 10 + i, "dtype": "u8"}, size))
+    out = {f"t{i}": fingerprint(make_fill({"pattern": "random", "seed": 10 + i, "dtype": "u8"}, size))
            for i, size in enumerate(SIZES)}
-    out["prod"] = digest(((xa + xb) * xb).astype(np.float32))
+    out["prod"] = fingerprint(((xa + xb) * xb).astype(np.float32))
     b = bytearray(xa.tobytes())
     b[8:24] = b"\xee" * 16
-    out["b"] = digest(bytes(b))
-    out["t1 cleared"] = digest(b"\xab" * 4099)
+    out["b"] = fingerprint(bytes(b))
+    out["t1 cleared"] = fingerprint(b"\xab" * 4099)
     return out
 
 
@@ -284,7 +284,7 @@ def test_large_upload_and_download(client_gen, server_gen):
              {"op": "get", "tensor": "t"}]
     run = run_session(steps, client_dialect="7.0.0+flags", client_cfg=GENS[client_gen],
                       server_cfg=GENS[server_gen], timeout=30)
-    assert run.error is None and run.results[-1] == digest(make_fill(fill, size))
+    assert run.error is None and run.results[-1] == fingerprint(make_fill(fill, size))
     assert all(c.ok for c in rdma_checks(run.pair.client, run.pair.server))
     # 80 chunks each way through a 24-deep ring
     assert run.pair.client.stats.sends >= 80 and run.pair.server.stats.sends >= 80

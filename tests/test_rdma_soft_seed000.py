@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness.impls.driver import digest, make_fill
+from harness.impls.driver import fingerprint, make_fill
 from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.impls.ref_driver import RefClientDriver
 from harness.matrix.rdma import InProcessRdmaServer, connection_checks
@@ -71,8 +71,8 @@ STEPS = [
     {"op": "compute", "outputs": ["p"]},
     {"op": "get", "tensor": "p"},
 ]
-EXPECTED = {"S": digest(make_fill(_fill(1), SMALL).view(np.uint8)),
-            "L": digest(make_fill(_fill(2), LARGE).view(np.uint8))}
+EXPECTED = {"S": fingerprint(make_fill(_fill(1), SMALL).view(np.uint8)),
+            "L": fingerprint(make_fill(_fill(2), LARGE).view(np.uint8))}
 
 
 # ------------------------------------------------------------------------------ one session

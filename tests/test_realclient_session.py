@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from harness.impls.driver import ClientAborted, StepFailed, digest, make_fill
+from harness.impls.driver import ClientAborted, StepFailed, fingerprint, make_fill
 from harness.impls.ctypes_driver import ClientHung, CtypesClientDriver, classify_exit, last_error
 
 from test_realclient_support import FakeServer, RealServer, realpeer, require_peer_dir
@@ -17,7 +17,7 @@ F32 = np.float32
 
 
 def expect(arr: np.ndarray) -> dict:
-    return digest(np.ascontiguousarray(arr).view(np.uint8))
+    return fingerprint(np.ascontiguousarray(arr).view(np.uint8))
 
 
 def fill(fill_spec: dict, n: int, dtype=F32) -> np.ndarray:

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import numpy as np
 import pytest
 
-from harness.impls.driver import ClientAborted, digest, make_fill
+from harness.impls.driver import ClientAborted, fingerprint, make_fill
 from harness.impls.ref_driver import RefClientDriver
 from harness.reference.client import RefClient, VersionRejected
 from harness.reference.knobs import Misbehaviour
@@ -165,8 +165,8 @@ def test_graph_compute_matches_numpy(dialect):
     ]
     res = _graph_session(dialect, steps)
     expect = ((xa + xb) * xb * np.float32(0.5)).astype(np.float32)
-    assert res[-2] == digest(expect)
-    assert res[-1] == digest(expect.astype(np.float16))
+    assert res[-2] == fingerprint(expect)
+    assert res[-1] == fingerprint(expect.astype(np.float16))
 
 
 @pytest.mark.parametrize("dialect", ["7.0.0", "9.0.0"])
@@ -196,8 +196,8 @@ def test_mul_mat_and_get_rows(dialect, wtype):
     # ggml: dst[n][m] = sum_k W[m,k] X[n,k]; with f16 weights X is rounded to f16 first
     xq = x.astype(np.float16).astype(np.float32) if wtype == "f16" else x
     y = (xq @ w.astype(np.float32).T).astype(np.float32)
-    assert res[-2] == digest(y)
-    assert res[-1] == digest(w.astype(np.float32)[[0, 1, 2, 3]])  # arange fill: rows 0..3
+    assert res[-2] == fingerprint(y)
+    assert res[-1] == fingerprint(w.astype(np.float32)[[0, 1, 2, 3]])  # arange fill: rows 0..3
 
 
 @pytest.mark.parametrize("dialect", PRIMARY)

@@ -19,7 +19,7 @@ from harness.fuzz.libfuzzer.engine import LibFuzzerConfig
 from harness.fuzz.report import (build_report, campaign_problems, render_markdown,
                                  replay_problems)
 from harness.fuzz.signature import Signature
-from harness.fuzz.strategies import hello_request_frame
+from harness.strategies import hello_request_frame
 from harness.fuzz.target_spec import TargetSpec
 from harness.proto import get_dialect
 from harness.strictness import TOOL_MISSING

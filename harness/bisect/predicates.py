@@ -39,7 +39,7 @@ from ..impls.catalogue import find_build, scan
 from ..impls.digest import NoRpcSources
 from ..impls.errors import BuildError, ImplError
 from ..impls.registry import get_peer
-from .search import Outcome
+from .search import PredicateAnswer
 
 SKIP_EXIT = 125  # git bisect run's "cannot test this build"
 # a reproducer whose fault site names one of these lies in code the RPC digest covers
@@ -52,7 +52,7 @@ class Predicate(Protocol):
 
     def describe(self) -> str: ...
 
-    def __call__(self, build: str) -> Outcome: ...
+    def __call__(self, build: str) -> PredicateAnswer: ...
 
 
 def _first_line(e: Exception) -> str:
@@ -60,17 +60,17 @@ def _first_line(e: Exception) -> str:
     return text[0] if text else type(e).__name__
 
 
-def ensure_built(build: str, progress=None) -> tuple[float, Outcome | None]:
+def ensure_built(build: str, progress=None) -> tuple[float, PredicateAnswer | None]:
     """(seconds spent building, None) when the build is ready; (seconds, skip) when it does
     not build or does not speak RPC."""
     t0 = time.monotonic()
     try:
         result = build_pin(build, progress=progress)
     except NoRpcSources as e:
-        return time.monotonic() - t0, Outcome(None, skipped=f"does not speak RPC: "
+        return time.monotonic() - t0, PredicateAnswer(None, skipped=f"does not speak RPC: "
                                                             f"{_first_line(e)}")
     except (BuildError, ImplError) as e:
-        return time.monotonic() - t0, Outcome(None, skipped=f"does not build: {_first_line(e)}")
+        return time.monotonic() - t0, PredicateAnswer(None, skipped=f"does not build: {_first_line(e)}")
     return (0.0 if result.cached else time.monotonic() - t0), None
 
 
@@ -96,7 +96,7 @@ class _Built:
 
     progress: object = None
 
-    def __call__(self, build: str) -> Outcome:
+    def __call__(self, build: str) -> PredicateAnswer:
         seconds, skipped = ensure_built(build, self.progress)
         if skipped is not None:
             return dataclasses.replace(skipped, build_seconds=seconds)
@@ -104,19 +104,19 @@ class _Built:
         return dataclasses.replace(out, proto=out.proto or _proto_of(build),
                                    build_seconds=seconds)
 
-    def ask(self, build: str) -> Outcome:  # pragma: no cover - each predicate defines it
+    def ask(self, build: str) -> PredicateAnswer:  # pragma: no cover - each predicate defines it
         raise NotImplementedError
 
 
 # ------------------------------------------------------------------ --cell
-def cell_result(row: dict) -> Outcome:
+def cell_result(row: dict) -> PredicateAnswer:
     """A matrix row as a bisect result: the observed outcome, crash or hang; a harness error
     or a skip means the build could not be judged."""
     verdict = row["verdict"]
     if verdict in ("crash", "hang"):
-        return Outcome(verdict, detail=row.get("reason", ""))
+        return PredicateAnswer(verdict, detail=row.get("reason", ""))
     if verdict in ("error", "skip"):
-        return Outcome(None, skipped=f"cell {verdict}: {row.get('reason', '')}")
+        return PredicateAnswer(None, skipped=f"cell {verdict}: {row.get('reason', '')}")
     observed = row["observed"]
     if observed == "rejected-at-hello":
         result = f"rejected-at-hello by {row.get('rejected_by') or 'either side'}"
@@ -124,7 +124,7 @@ def cell_result(row: dict) -> Outcome:
         result = f"works-degraded ({', '.join(row.get('degraded') or [])})"
     else:
         result = observed
-    return Outcome(result, detail=row.get("message") or row.get("reason", ""))
+    return PredicateAnswer(result, detail=row.get("message") or row.get("reason", ""))
 
 
 @dataclass
@@ -139,7 +139,7 @@ class CellPredicate(_Built):
     def describe(self) -> str:
         return f"cell {self.cell.id}, the build as its {self.role}"
 
-    def ask(self, build: str) -> Outcome:
+    def ask(self, build: str) -> PredicateAnswer:
         from ..impls.adapters import adapter_for_peer
         from ..matrix.execute import Timeouts, plan, run_cell
         job = plan(self.matrix, [self.cell])[0]
@@ -177,14 +177,14 @@ class ReproPredicate(_Built):
     def describe(self) -> str:
         return f"does {self.path} reproduce"
 
-    def ask(self, build: str) -> Outcome:
+    def ask(self, build: str) -> PredicateAnswer:
         from ..fuzz.replay import replay_outcome
         from ..fuzz.errors import TargetError
         try:
             result, r = replay_outcome(self.path, build, deadline=self.deadline)
         except (TargetError, OSError) as e:
-            return Outcome(None, skipped=f"cannot replay: {_first_line(e)}")
-        return Outcome(result, detail=r.observed.title() if r.observed else "the target survived")
+            return PredicateAnswer(None, skipped=f"cannot replay: {_first_line(e)}")
+        return PredicateAnswer(result, detail=r.observed.title() if r.observed else "the target survived")
 
 
 # ------------------------------------------------------------------ --differential
@@ -201,7 +201,7 @@ class DifferentialPredicate(_Built):
         return (f"the build against the reference of its dialect, {self.sessions} sessions "
                 f"of seed {self.seed}, the dialect's shipped allow-list")
 
-    def ask(self, build: str) -> Outcome:
+    def ask(self, build: str) -> PredicateAnswer:
         from ..fuzz.differential import DifferentialConfig, run_differential, \
             shipped_allow_list
         from ..fuzz.target_spec import TargetSpec
@@ -209,23 +209,23 @@ class DifferentialPredicate(_Built):
         try:
             dialect = TargetSpec.parse(build).dialect
         except TargetError as e:
-            return Outcome(None, skipped=f"cannot start: {_first_line(e)}")
+            return PredicateAnswer(None, skipped=f"cannot start: {_first_line(e)}")
         if dialect is None:
-            return Outcome(None, skipped="no dialect of the table speaks its proto")
+            return PredicateAnswer(None, skipped="no dialect of the table speaks its proto")
         cfg = DifferentialConfig(a=build, b=f"ref-{dialect}", dialect=dialect, seed=self.seed,
                                  max_cases=self.sessions, duration=self.max_seconds,
                                  out=self.out / "probes" / _folder(build),
                                  allow=shipped_allow_list(dialect), shrink_seconds=10.0)
         _, report = run_differential(cfg)
         if report["errors"]:
-            return Outcome(None, skipped=f"differential error: {report['errors'][0]['error']}")
+            return PredicateAnswer(None, skipped=f"differential error: {report['errors'][0]['error']}")
         if report["cases"] < self.sessions:
-            return Outcome(None, skipped=f"ran {report['cases']} of {self.sessions} sessions "
+            return PredicateAnswer(None, skipped=f"ran {report['cases']} of {self.sessions} sessions "
                                          f"in {self.max_seconds:g} s")
         found = report["findings"]
         titles = sorted({f.get("title") or f.get("signature", {}).get("kind", "?")
                          for f in found})
-        return Outcome("diverges" if found else "agrees", proto=dialect,
+        return PredicateAnswer("diverges" if found else "agrees", proto=dialect,
                        detail="; ".join(map(str, titles))[:300])
 
 
@@ -244,7 +244,7 @@ class RunPredicate(_Built):
     def describe(self) -> str:
         return f"exit status of `{self.command}`"
 
-    def ask(self, build: str) -> Outcome:
+    def ask(self, build: str) -> PredicateAnswer:
         peer = get_peer(build)
         env = dict(os.environ, HARNESS_BUILD=build, HARNESS_BUILD_PROTO=peer.display_proto,
                    HARNESS_BUILD_BIN=str(peer.bin_dir or ""),
@@ -258,15 +258,15 @@ class RunPredicate(_Built):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate()
-            return Outcome(None, skipped=f"`{self.command}` ran over {self.timeout:g} s")
+            return PredicateAnswer(None, skipped=f"`{self.command}` ran over {self.timeout:g} s")
         finally:
             if proc.poll() is None:  # interrupted: nothing of it outlives the bisect
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         tail = output.strip().splitlines()[-1:] or [""]
         if proc.returncode == SKIP_EXIT:
-            return Outcome(None, skipped=f"the command says it cannot test this build: {tail[0]}")
-        return Outcome(f"exit {proc.returncode}", detail=tail[0][:200])
+            return PredicateAnswer(None, skipped=f"the command says it cannot test this build: {tail[0]}")
+        return PredicateAnswer(f"exit {proc.returncode}", detail=tail[0][:200])
 
 
 def _folder(build: str) -> str:

@@ -6,7 +6,7 @@ digest, cheap: the archive is read, nothing built). Like ``git bisect`` it
 
 * measures both ends first: they must give stable, different results;
 * probes the middle of what is left and moves the bound whose side the result is on;
-* skips a build that does not build or does not speak RPC (``Outcome.skipped``), trying its
+* skips a build that does not build or does not speak RPC (``PredicateAnswer.skipped``), trying its
   neighbours instead, and says so when the answer ends up bracketing skipped builds;
 * measures every probe twice before it moves a bound ("rechecked once"): two runs that
   disagree make the build ``flaky``, which moves nothing;
@@ -32,7 +32,7 @@ class BisectError(HarnessError):
 
 
 @dataclass(frozen=True)
-class Outcome:
+class PredicateAnswer:
     """What one run of the predicate said about one build."""
 
     result: str | None  # None: the build could not be probed (see skipped)
@@ -86,7 +86,7 @@ class BisectResult:
         return d
 
 
-def bisect(builds: Sequence[str], probe: Callable[[str], Outcome], *,
+def bisect(builds: Sequence[str], probe: Callable[[str], PredicateAnswer], *,
            klass: Callable[[str], str | None] | None = None, infer: bool = True,
            recheck: bool = True, log: Callable[[Probe], None] | None = None,
            clock: Callable[[], float] = time.monotonic) -> BisectResult:
@@ -117,7 +117,7 @@ def bisect(builds: Sequence[str], probe: Callable[[str], Outcome], *,
 
     def measure(i: int) -> Probe:
         t0 = clock()
-        runs: list[Outcome] = []
+        runs: list[PredicateAnswer] = []
         for _ in range(2 if recheck else 1):
             out = probe(builds[i])
             runs.append(out)

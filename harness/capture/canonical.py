@@ -140,7 +140,7 @@ def canonical(session: Session) -> list[dict]:
 
 
 @dataclass
-class Divergence:
+class WireDivergence:
     index: int  # exchange index in both canonical sessions
     cmd: str | None
     path: str  # e.g. "request.tensor.nb[1]"
@@ -168,17 +168,17 @@ def _first_difference(a: Any, b: Any, path: str) -> tuple[str, Any, Any] | None:
     return None if a == b else (path, a, b)
 
 
-def first_divergence(a: list[dict], b: list[dict]) -> Divergence | None:
+def first_divergence(a: list[dict], b: list[dict]) -> WireDivergence | None:
     for i in range(max(len(a), len(b))):
         x = a[i] if i < len(a) else None
         y = b[i] if i < len(b) else None
         if x is None or y is None:
             present = x or y
-            return Divergence(i, present["cmd"], "(exchange)",
+            return WireDivergence(i, present["cmd"], "(exchange)",
                               x["cmd"] if x else "(missing)", y["cmd"] if y else "(missing)")
         d = _first_difference(x, y, "")
         if d:
-            return Divergence(i, x["cmd"], *d)
+            return WireDivergence(i, x["cmd"], *d)
     return None
 
 

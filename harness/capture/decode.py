@@ -21,7 +21,7 @@ from ..proto.messages import Message
 from ..proto.session import Exchange, Session
 from ..proto.tensor import RpcTensor
 from . import compressed
-from .scapy_layer import StreamView, frame_spans
+from .dissect import StreamView, frame_spans
 from .transcript import C2S, MAGIC, MAGIC_HASHED, S2C, Transcript
 
 INLINE_BYTES = 64  # longer byte fields are shown as length + FNV-1a hash

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from .canonical import (Divergence, canonical, command_differences, first_divergence,
+from .canonical import (WireDivergence, canonical, command_differences, first_divergence,
                         unified_diff)
 from .transcript import Transcript
 
@@ -27,7 +27,7 @@ def load_cell_sessions(path: str | Path) -> list[list[dict]]:
 @dataclass
 class CellDiff:
     connection: int
-    divergence: Divergence | None
+    divergence: WireDivergence | None
     diff: list[str]
     a_connections: int
     b_connections: int

@@ -1,4 +1,4 @@
-"""The load profile a seed-000 C build prints itself (GGML_RPC_LOADPROF=1), parsed.
+"""The load profiler records a seed-000 C build prints itself (GGML_RPC_LOADPROF=1), parsed.
 
 ``patches/seed000-server-flags.patch`` makes both the client library and ggml-rpc-server print
 one record per connection to stderr when the connection ends (the client when its dispatcher
@@ -12,7 +12,7 @@ when the client leaves). The format, one record per line, space-separated ``key=
 
 (the first record is a single line). The client follows its summary with one ``cmd=`` line
 per command it sent. ``conn`` numbers connections within one process. Field meanings are in
-the patch header; :class:`harness.capture.loadprof.LoadProfile` is the same profile measured
+the patch header; :class:`harness.capture.upload_timing.UploadTiming` is the same measured
 from the wire by the recording proxy.
 """
 
@@ -37,7 +37,7 @@ class CommandTime:
 
 
 @dataclass
-class ConnectionProfile:
+class LoadprofRecord:
     side: str
     conn: int
     endpoint: str | None
@@ -63,7 +63,7 @@ class ConnectionProfile:
         return asdict(self)
 
 
-_SUMMARY_FIELDS = [f for f in fields(ConnectionProfile) if f.name != "commands"]
+_SUMMARY_FIELDS = [f for f in fields(LoadprofRecord) if f.name != "commands"]
 
 
 def _convert(name: str, kind, raw: str):
@@ -94,7 +94,7 @@ def _pairs(record: str, lineno: int) -> dict[str, str]:
     return out
 
 
-def _parse_summary(kv: dict[str, str], lineno: int) -> ConnectionProfile:
+def _parse_summary(kv: dict[str, str], lineno: int) -> LoadprofRecord:
     missing = [f.name for f in _SUMMARY_FIELDS if f.name not in kv]
     extra = sorted(set(kv) - {f.name for f in _SUMMARY_FIELDS})
     if missing or extra:
@@ -108,17 +108,17 @@ def _parse_summary(kv: dict[str, str], lineno: int) -> ConnectionProfile:
             raise LoadProfError(f"line {lineno}: bad value {f.name}={kv[f.name]!r}") from None
     if values["side"] not in ("client", "server"):
         raise LoadProfError(f"line {lineno}: side must be client or server, not {values['side']!r}")
-    return ConnectionProfile(**values)
+    return LoadprofRecord(**values)
 
 
-def parse_loadprof(lines: Iterable[str]) -> list[ConnectionProfile]:
+def parse_loadprof(lines: Iterable[str]) -> list[LoadprofRecord]:
     """Every record in ``lines`` (a log: other lines are skipped), in the order printed.
 
     A ``cmd=`` line belongs to the latest summary of the same side, conn and endpoint; one
     without such a summary, or any malformed record, raises LoadProfError naming the line.
     """
-    profiles: list[ConnectionProfile] = []
-    latest: dict[tuple, ConnectionProfile] = {}
+    records: list[LoadprofRecord] = []
+    latest: dict[tuple, LoadprofRecord] = {}
     for lineno, line in enumerate(lines, 1):
         at = line.find(PREFIX + " ")
         if at < 0:
@@ -140,9 +140,9 @@ def parse_loadprof(lines: Iterable[str]) -> list[ConnectionProfile]:
             continue
         prof = _parse_summary(kv, lineno)
         latest[(kv["side"], kv["conn"], kv["endpoint"])] = prof
-        profiles.append(prof)
-    return profiles
+        records.append(prof)
+    return records
 
 
-def of_side(profiles: Iterable[ConnectionProfile], side: str) -> list[ConnectionProfile]:
-    return [p for p in profiles if p.side == side]
+def of_side(records: Iterable[LoadprofRecord], side: str) -> list[LoadprofRecord]:
+    return [p for p in records if p.side == side]

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from ..proto.session import Session, SessionDecoder
+from ..proto.wire import FrameWalker
 from .transcript import C2S, S2C, Chunk, Transcript
 
 OnChunk = Callable[[int, str, memoryview, float], None]
@@ -50,12 +51,9 @@ class _FrameRecorder:
         self.head_bytes = head_bytes
         self.heads_left = heads_keep
         self.offset = 0  # bytes of this direction seen so far
-        self.request = direction == C2S
-        self.header_size = 9 if self.request else 8
+        self.walker = FrameWalker(requests=direction == C2S)
         self.tracking = head_bytes > 0  # follow frame boundaries (stops when the budget is spent)
-        self.header = bytearray()  # a frame header split across reads
-        self.remaining = 0  # payload bytes left in the current frame
-        self.keep_left = 0  # of those, how many are kept
+        self.keep_left = 0  # payload bytes of the current frame still to keep
 
     def record(self, t: float, data: memoryview, *, real: bool = True) -> None:
         n = len(data)
@@ -82,34 +80,21 @@ class _FrameRecorder:
 
     def _frame_spans(self, data: memoryview) -> list[tuple[int, int, bool]]:
         """Split a read at frame boundaries: (start, end, is frame head to keep)."""
-        n, pos, spans = len(data), 0, []
-        while pos < n:
-            if self.remaining == 0:  # (part of) a frame header
-                take = min(self.header_size - len(self.header), n - pos)
-                self.header += data[pos:pos + take]
-                spans.append((pos, pos + take, True))
-                pos += take
-                if len(self.header) == self.header_size:
-                    self._start_frame()
+        spans = []
+        for lo, hi, header, frame in self.walker.feed(data):
+            if header:
+                spans.append((lo, hi, True))
+                if frame is not None:  # a GRAPH_COMPUTE payload is structure: kept whole
+                    self.keep_left = frame.length if frame.cmd == GRAPH_COMPUTE_ID else \
+                        min(frame.length, self.head_bytes)
                 continue
-            take = min(self.remaining, n - pos)
-            head = min(take, self.keep_left)
+            head = min(hi - lo, self.keep_left)
             if head:
-                spans.append((pos, pos + head, True))
+                spans.append((lo, lo + head, True))
                 self.keep_left -= head
-            if take > head:
-                spans.append((pos + head, pos + take, False))
-            self.remaining -= take
-            pos += take
+            if hi - lo > head:
+                spans.append((lo + head, hi, False))
         return spans
-
-    def _start_frame(self) -> None:
-        hdr = bytes(self.header)
-        self.header.clear()
-        (length,) = struct.unpack_from("<Q", hdr, 1 if self.request else 0)
-        whole = self.request and hdr[0] == GRAPH_COMPUTE_ID
-        self.remaining = length
-        self.keep_left = length if whole else min(length, self.head_bytes)
 
     def _append(self, t: float, data: memoryview, kept: bool, *, real: bool = True) -> None:
         chunks = self.tr.chunks

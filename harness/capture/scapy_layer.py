@@ -1,4 +1,5 @@
-"""Scapy layers for ggml-rpc, generated from the codec's message table.
+"""Scapy layers for ggml-rpc, generated from the codec's message table (the session-aware
+dissection that uses them is :mod:`.dissect`).
 
 Nothing here is written per command: every payload layer is built from a ``Layout`` /
 ``GraphLayout`` of ``harness.proto.messages.TABLE``, one Packet class per layout object, so a
@@ -7,21 +8,15 @@ from 8.0.0) gets its own class exactly where the table's ``Row.when`` puts it. R
 are one class per dialect because command ids collide across dialects (19 is SUPPORTS_OP in
 7.0.1 and GET_TENSOR_2D in 8.0.0).
 
-A response cannot be dissected on its own: its layout depends on the request it answers. The
-session-aware dissector (``dissect_transcript`` and friends) therefore runs the codec's
-``SessionDecoder`` over both directions and uses the byte offsets of each exchange to cut the
-streams into frames, which it then dissects with the right classes. ``bind_port`` binds the
-frame classes to a TCP port for per-segment dissection; that is only right when TCP segments
-start at frame boundaries (typical for small requests), so use the session dissector for the
-truth.
+A response cannot be dissected on its own: its layout depends on the request it answers, which
+is why the session-aware dissector (:mod:`.dissect`) exists. ``bind_port`` binds the frame
+classes to a TCP port for per-segment dissection; that is only right when TCP segments start at
+frame boundaries (typical for small requests), so use the session dissector for the truth.
 """
 
 from __future__ import annotations
 
-import bisect
 import struct
-from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from scapy.fields import (ByteEnumField, ByteField, FieldLenField, FieldListField,
                           LEIntEnumField, LEIntField, LELongField, LESignedIntField,
@@ -31,15 +26,13 @@ from scapy.layers.inet import TCP
 from scapy.packet import Packet, Raw, bind_layers, split_layers
 
 from ..proto import ggml
-from ..proto.codec import REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE
 from ..proto.constants import Cmd
-from ..proto.dialects import DIALECTS, D700, Dialect, get_dialect
-from ..proto.messages import (CAPS, HOST64, TABLE, TENSOR, TENSORS10, U8, U32, U64,
-                              EmptyResponse, GraphComputeRequest, GraphLayout, Layout, Message,
-                              WireType, spec_for)
-from ..proto.session import Exchange, Session
+from ..proto.dialects import DEFAULT, DIALECTS, Dialect, get_dialect
+from ..proto.messages import (CAPS, HOST64, TABLE, TENSOR, TENSORS10, U8_FIELD, U32_FIELD,
+                              U64_FIELD, EmptyResponse, GraphComputeRequest, GraphLayout, Layout,
+                              Message, WireType, spec_for)
 from ..proto.tensor import RpcTensor
-from .transcript import C2S, S2C, Chunk, Transcript
+from ..proto.wire import LENGTH_SIZE, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, U64
 
 # u64 fields that hold addresses or hashes read better in hex
 _HEX_U64 = frozenset({"remote_ptr", "base_ptr", "hash", "uid"})
@@ -108,11 +101,11 @@ class RPC_Payload(Packet):
 
 def _scapy_field(name: str, wt: WireType):
     """The scapy field for one wire type of the message table."""
-    if wt is U8:
+    if wt is U8_FIELD:
         return ByteField(name, 0)
-    if wt is U32:
+    if wt is U32_FIELD:
         return LEIntField(name, 0)
-    if wt is U64:
+    if wt is U64_FIELD:
         return XLELongField(name, 0) if name in _HEX_U64 else LELongField(name, 0)
     if wt is CAPS:
         return StrFixedLenField(name, bytes(struct.calcsize(wt.fmt)), struct.calcsize(wt.fmt))
@@ -254,8 +247,8 @@ class _RpcFrame(Packet):
                 later = later.payload
             if isinstance(later, _RpcFrame):  # stacked frames: count only this frame's payload
                 n -= len(bytes(later))
-            off = self.header_size - 8
-            pkt = pkt[:off] + struct.pack("<Q", n) + pkt[off + 8:]
+            off = self.header_size - LENGTH_SIZE
+            pkt = pkt[:off] + U64.pack(n) + pkt[off + LENGTH_SIZE:]
         return pkt + pay
 
     def frames(self) -> list[Packet]:
@@ -274,7 +267,7 @@ class RPC_Request(_RpcFrame):
 
     name = "ggml-rpc request"
     header_size = REQUEST_HEADER_SIZE
-    rpc_dialect: Dialect = D700
+    rpc_dialect: Dialect = DEFAULT
     fields_desc = [ByteField("cmd", 0), LELongField("len", None)]
 
     def guess_payload_class(self, payload):
@@ -309,7 +302,7 @@ _REQUEST_FRAMES: dict[str, type[RPC_Request]] = {}
 _RESPONSE_FRAMES: dict[int, type[RPC_Response]] = {}
 
 
-def request_frame_class(dialect: Dialect | str = D700) -> type[RPC_Request]:
+def request_frame_class(dialect: Dialect | str = DEFAULT) -> type[RPC_Request]:
     """The request frame class of a dialect (its ``cmd`` field is an enum of that dialect's ids)."""
     d = get_dialect(dialect)
     cls = _REQUEST_FRAMES.get(d.name)
@@ -344,13 +337,13 @@ for _d in DIALECTS.values():
     request_frame_class(_d)
 
 
-def bind_port(port: int, dialect: Dialect | str = D700) -> None:
+def bind_port(port: int, dialect: Dialect | str = DEFAULT) -> None:
     """Dissect TCP segments to ``port`` as requests and from it as (raw-payload) responses."""
     bind_layers(TCP, request_frame_class(dialect), dport=port)
     bind_layers(TCP, RPC_Response, sport=port)
 
 
-def unbind_port(port: int, dialect: Dialect | str = D700) -> None:
+def unbind_port(port: int, dialect: Dialect | str = DEFAULT) -> None:
     split_layers(TCP, request_frame_class(dialect), dport=port)
     split_layers(TCP, RPC_Response, sport=port)
 
@@ -375,7 +368,7 @@ def _value_from_scapy(wt: WireType, v):
     return v
 
 
-def payload_packet(msg: Message, dialect: Dialect | str = D700) -> RPC_Payload:
+def payload_packet(msg: Message, dialect: Dialect | str = DEFAULT) -> RPC_Payload:
     """The payload layer of ``msg`` as the dialect lays it out."""
     d = get_dialect(dialect)
     spec = spec_for(d, msg.cmd)
@@ -393,13 +386,13 @@ def payload_packet(msg: Message, dialect: Dialect | str = D700) -> RPC_Payload:
     return cls(**kw)
 
 
-def request_packet(msg: Message, dialect: Dialect | str = D700) -> RPC_Request:
+def request_packet(msg: Message, dialect: Dialect | str = DEFAULT) -> RPC_Request:
     """A whole request frame (``bytes()`` of it equals ``pack_request(dialect, msg)``)."""
     d = get_dialect(dialect)
     return request_frame_class(d)(cmd=d.id_of(msg.cmd)) / payload_packet(msg, d)
 
 
-def response_packet(msg: Message, dialect: Dialect | str = D700) -> RPC_Response:
+def response_packet(msg: Message, dialect: Dialect | str = DEFAULT) -> RPC_Response:
     pay = payload_packet(msg, dialect)
     return response_frame_class(type(pay))() / pay
 
@@ -438,187 +431,3 @@ def to_message(pkt: Packet, cmd: Cmd | None = None) -> Message:
     if layout.tail:
         kw[layout.tail] = bytes(layer.getfieldval(layout.tail))
     return layout.cls(**kw)
-
-
-# ---------------------------------------------------------------- session-aware dissection
-
-@dataclass
-class DissectedExchange:
-    index: int
-    exchange: Exchange
-    request: Packet | None  # request frame (header layer with the payload layer under it)
-    response: Packet | None  # response frame, None for fire-and-forget commands
-
-    @property
-    def cmd(self) -> Cmd | None:
-        return self.exchange.cmd
-
-
-@dataclass
-class Dissection:
-    """A dissected TCP conversation; errors are the codec's (``session.c2s_error`` ...)."""
-
-    session: Session
-    exchanges: list[DissectedExchange] = field(default_factory=list)
-    transcript: Transcript | None = None
-    c2s_rest: Packet | None = None  # undecodable client bytes from the error on, if any
-    s2c_rest: Packet | None = None
-
-    @property
-    def dialect(self) -> Dialect | None:
-        return self.session.dialect
-
-    @property
-    def packets(self) -> list[Packet]:
-        """Request, then its response, for every exchange in order."""
-        out: list[Packet] = []
-        for ex in self.exchanges:
-            if ex.request is not None:
-                out.append(ex.request)
-            if ex.response is not None:
-                out.append(ex.response)
-        return out
-
-
-class StreamView:
-    """Random access into one direction of a transcript without joining it (elided = zeros)."""
-
-    def __init__(self, chunks: Sequence[Chunk]):
-        self.chunks = list(chunks)
-        self.starts: list[int] = []
-        off = 0
-        for c in self.chunks:
-            self.starts.append(off)
-            off += c.length
-        self.size = off
-
-    def _index(self, offset: int) -> int:
-        return max(bisect.bisect_right(self.starts, offset) - 1, 0)
-
-    def read(self, offset: int, n: int) -> bytes:
-        n = max(0, min(n, self.size - offset))
-        out, i = [], self._index(offset)
-        while n > 0 and i < len(self.chunks):
-            c, start = self.chunks[i], self.starts[i]
-            lo = offset - start
-            take = min(c.length - lo, n)
-            out.append(c.data[lo:lo + take] if c.data is not None else bytes(take))
-            offset += take
-            n -= take
-            i += 1
-        return b"".join(out)
-
-    def time_at(self, offset: int) -> float | None:
-        if not self.chunks:
-            return None
-        return self.chunks[min(self._index(offset), len(self.chunks) - 1)].t
-
-    def chunk_at(self, offset: int) -> Chunk | None:
-        return self.chunks[self._index(offset)] if self.chunks else None
-
-    def captured(self, offset: int, n: int) -> bool:
-        """Whether every byte of ``[offset, offset + n)`` was kept (none elided or missing)."""
-        if offset + n > self.size:
-            return False
-        i = self._index(offset)
-        while n > 0 and i < len(self.chunks):
-            if self.chunks[i].data is None:
-                return False
-            n -= self.starts[i] + self.chunks[i].length - max(offset, self.starts[i])
-            i += 1
-        return True
-
-
-@dataclass
-class FrameSpan:
-    """Where an exchange's frames sit in the two byte streams."""
-
-    req_offset: int
-    req_size: int
-    rsp_offset: int | None = None
-    rsp_size: int = 0
-
-
-def frame_spans(session: Session, c2s: StreamView, s2c: StreamView) -> list[FrameSpan]:
-    """Stream offsets of every exchange's request and response frames.
-
-    Recomputed from the frame headers instead of taken from ``Exchange.req_offset``: the
-    decoder measures that from the event that completed the frame, which lands after the
-    header when the header and the payload arrived in different reads.
-    """
-    spans: list[FrameSpan] = []
-    off = 0
-    for ex in session.exchanges:
-        head = c2s.read(off, REQUEST_HEADER_SIZE)
-        size = REQUEST_HEADER_SIZE + struct.unpack_from("<Q", head, 1)[0] if len(head) == 9 else len(head)
-        spans.append(FrameSpan(off, size))
-        off += size
-    off = 0
-    for ex, span in zip(session.exchanges, spans):
-        if ex.response is None and ex.rsp_offset is None:
-            continue
-        head = s2c.read(off, RESPONSE_HEADER_SIZE)
-        if len(head) < RESPONSE_HEADER_SIZE:
-            break
-        span.rsp_offset = off
-        span.rsp_size = RESPONSE_HEADER_SIZE + struct.unpack_from("<Q", head)[0]
-        off += span.rsp_size
-    return spans
-
-
-def dissect_transcript(tr: Transcript, dialect: Dialect | str | None = None, *,
-                       max_frame: int = 1 << 20) -> Dissection:
-    """Dissect every frame of a recorded connection, in order, with its timestamp.
-
-    Frames longer than ``max_frame`` bytes are dissected from their first ``max_frame`` bytes
-    (like a capture snap length): ``len`` still gives the real size, the data field is cut.
-    """
-    session = tr.decode(dialect, keep_data=0)
-    c2s = StreamView(list(tr.stream(C2S)))
-    s2c = StreamView(list(tr.stream(S2C)))
-    d = session.dialect or D700
-    req_cls = request_frame_class(d)
-    out = Dissection(session, transcript=tr)
-    spans = frame_spans(session, c2s, s2c)
-    for ex, span in zip(session.exchanges, spans):
-        req = rsp = None
-        if ex.request is not None:
-            req = req_cls(c2s.read(span.req_offset, min(span.req_size, max_frame)))
-            req.time = c2s.time_at(span.req_offset)
-        if ex.response is not None and span.rsp_offset is not None:
-            spec = spec_for(d, ex.request.cmd)
-            frame_cls = response_frame_class(layer_for(spec.response))
-            rsp = frame_cls(s2c.read(span.rsp_offset, min(span.rsp_size, max_frame)))
-            rsp.time = s2c.time_at(span.rsp_offset)
-        out.exchanges.append(DissectedExchange(ex.index, ex, req, rsp))
-    # what follows the last good frame, when the decoder gave up on a direction
-    c2s_end = spans[-1].req_offset + spans[-1].req_size if spans else 0
-    s2c_end = max((sp.rsp_offset + sp.rsp_size for sp in spans if sp.rsp_offset is not None),
-                  default=0)
-    if session.c2s_error is not None and c2s_end < c2s.size:
-        out.c2s_rest = Raw(c2s.read(c2s_end, max_frame))
-        out.c2s_rest.time = c2s.time_at(c2s_end)
-    if session.s2c_error is not None and s2c_end < s2c.size:
-        out.s2c_rest = Raw(s2c.read(s2c_end, max_frame))
-        out.s2c_rest.time = s2c.time_at(s2c_end)
-    return out
-
-
-def dissect_streams(c2s: bytes, s2c: bytes, dialect: Dialect | str | None = None, *,
-                    max_frame: int = 1 << 20) -> Dissection:
-    """Dissect two reassembled byte streams of one TCP conversation."""
-    tr = Transcript(keep=1 << 62)
-    if c2s:
-        tr.chunks.append(Chunk(0.0, C2S, len(c2s), bytes(c2s)))
-    if s2c:  # after the requests, so each response finds its request already registered
-        tr.chunks.append(Chunk(0.0, S2C, len(s2c), bytes(s2c)))
-    return dissect_transcript(tr, dialect, max_frame=max_frame)
-
-
-def dissect_packets(packets: Iterable[Packet], dialect: Dialect | str | None = None, *,
-                    server_port: int | None = None, max_frame: int = 1 << 20) -> list[Dissection]:
-    """Reassemble the TCP conversations in ``packets`` (e.g. ``rdpcap(...)``) and dissect each."""
-    from .pcap import transcripts_from_packets  # pcap imports this module's siblings only
-
-    return [dissect_transcript(tr, dialect, max_frame=max_frame)
-            for tr in transcripts_from_packets(packets, server_port=server_port)]

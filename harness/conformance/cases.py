@@ -6,7 +6,7 @@ The 7.0.0 cases below come from harness/data/vectors/errors.json (titles kept ve
 ``vector``); ``expect`` is the recorded outcome of the real 7.0.0 server, and ``changed`` says
 for which dialect rows (a predicate on their fields: :class:`Needs`) a later real build answers
 differently (recorded from p8 in harness/data/vectors/conformance-8.0.0.json). The cases only
-8.0.0 and later have are in ``cases_8``.
+8.0.0 and later have are in ``feature_cases``.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..errors import HarnessError
 from ..proto import Cmd, get_dialect, ggml, messages as m
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
-from ..proto.wire import U64
+from ..proto.wire import request_frame
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
 
 
@@ -84,10 +84,6 @@ class CaseError(ConformanceError):
     """An intermediate answer differed from what the case needs (not the outcome itself)."""
 
 
-def _frame(cmd: int, payload: bytes = b"", length: int | None = None) -> bytes:
-    return bytes([cmd]) + U64.pack(len(payload) if length is None else length) + payload
-
-
 def _f32(handle: int, data: int, ne=(4,), *, id: int = 1, **kw) -> RpcTensor:
     return RpcTensor.make(id=id, ne=ne, buffer=handle, data=data, **kw)
 
@@ -120,21 +116,21 @@ def case(id: str, vector: str, expect: str, command: str, *, needs: Needs = CATA
 @case("no-hello", "first cmd DEVICE_COUNT (no HELLO)", CLOSED, "HELLO")
 def _(new):
     s = new()
-    s.send(_frame(15))
+    s.send(request_frame(15))
     return s
 
 
 @case("hello-len-0", "HELLO with size 0 (pre-v4 style)", CLOSED, "HELLO")
 def _(new):
     s = new()
-    s.send(_frame(14))
+    s.send(request_frame(14))
     return s
 
 
 @case("hello-len-28", "HELLO with size 28", CLOSED, "HELLO")
 def _(new):
     s = new()
-    s.send(_frame(14, bytes(28)))
+    s.send(request_frame(14, bytes(28)))
     return s
 
 
@@ -142,7 +138,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(14, bytes(24)))
+    s.send(request_frame(14, bytes(24)))
     return s
 
 
@@ -152,7 +148,7 @@ for _cid in (18, 19, 255):
     def _(new, _cid=_cid):
         s = new()
         s.hello()
-        s.send(_frame(_cid))
+        s.send(request_frame(_cid))
         return s
 
 
@@ -160,7 +156,7 @@ for _cid in (18, 19, 255):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(1, bytes(8)))
+    s.send(request_frame(1, bytes(8)))
     return s
 
 
@@ -168,7 +164,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(15, bytes(4)))
+    s.send(request_frame(15, bytes(4)))
     return s
 
 
@@ -240,7 +236,7 @@ def _(new):
     s = new()
     s.hello()
     s.alloc(256)
-    s.send(_frame(6, bytes(312)))
+    s.send(request_frame(6, bytes(312)))
     return s
 
 
@@ -343,7 +339,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(6, length=1 << 62))
+    s.send(request_frame(6, length=1 << 62))
     return s
 
 
@@ -426,7 +422,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(10, struct.pack("<II", 0, 5)))
+    s.send(request_frame(10, struct.pack("<II", 0, 5)))
     return s
 
 

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from . import cases_8  # noqa: F401  (registers the 8.0.0 cases)
+from . import feature_cases  # noqa: F401  (registers the cases of features beyond 7.0.0)
 from .cases import CASES, CaseError, ConformanceCase
 from ..proto import DEFAULT
 from .raw import ANSWERED, CLOSED, OPEN, RawSession
@@ -55,8 +56,15 @@ def cases_for(dialect: str) -> list[ConformanceCase]:
     return [c for c in CASES if c.applies_to(dialect)]
 
 
-def run_all(host: str, port: int, cases=None, *, dialect: str = DEFAULT.name, **kw) -> list[CaseResult]:
-    return [run_case(c, host, port, dialect=dialect, **kw) for c in (cases or cases_for(dialect))]
+def run_all(host: str, port: int, cases=None, *, dialect: str = DEFAULT.name, workers: int = 1,
+            **kw) -> list[CaseResult]:
+    """Every case, in order; ``workers`` > 1 runs that many at once (each case opens its own
+    connections, so a server that serves connections concurrently takes them in parallel)."""
+    todo = list(cases or cases_for(dialect))
+    if workers <= 1:
+        return [run_case(c, host, port, dialect=dialect, **kw) for c in todo]
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(lambda c: run_case(c, host, port, dialect=dialect, **kw), todo))
 
 
 VECTOR_OUTCOMES = {"reset": CLOSED, "eof": CLOSED, "timeout": OPEN, "ok": ANSWERED}

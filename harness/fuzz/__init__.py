@@ -9,8 +9,8 @@
 
 Modules, in the order data flows:
 
-* :mod:`.strategies` (public as ``harness.strategies``) -- valid messages and structured
-  mutations; :mod:`.generate` -- whole connections from a session model, mutations mixed in;
+* :mod:`harness.strategies` -- valid messages and structured mutations (the mutation
+  registry); :mod:`.generate` -- whole connections from a session model, mutations mixed in;
 * :mod:`.case` -- steps, sentinel handles/bases and their relocation, spec expectations;
 * :mod:`.execute` -- one connection, pipelined or lockstep, with the connection oracle;
 * :mod:`.target_spec` -- ``--target`` parsed; :mod:`.target` / :mod:`.case_runner` -- launching

@@ -37,8 +37,8 @@ from dataclasses import dataclass, field
 from ..proto import Cmd, get_dialect, ggml
 from ..proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
 from ..proto.dialects import Dialect
-from ..proto.tensor import U64, RpcTensor
-from ..proto.wire import U64 as U64_STRUCT
+from ..proto.tensor import RpcTensor
+from ..proto.wire import U64, U64_MAX
 from .case import BASE, HANDLE, SIZE, Case, relocate
 from .signature import Signature
 
@@ -102,7 +102,7 @@ def extent(t: RpcTensor, numbering) -> int | None:
 def nbytes64(t: RpcTensor, numbering) -> int | None:
     """ggml_nbytes as the server computes it (size_t: wrapping)."""
     n = extent(t, numbering)
-    return None if n is None else n & U64
+    return None if n is None else n & U64_MAX
 
 
 @dataclass
@@ -112,7 +112,7 @@ class _Buffers:
     def judge(self, a: Access) -> tuple[str, tuple[int, int] | None] | None:
         if a.length == 0:
             return None  # names no byte
-        if a.start + a.length > U64 + 1:
+        if a.start + a.length > U64_MAX + 1:
             return "wrapping the address space", self.live.get(a.handle)
         b = self.live.get(a.handle)
         if b is None:
@@ -131,7 +131,7 @@ def _named(role: str, kind: str, t: RpcTensor, numbering) -> list[Access]:
 
 
 def _region(role: str, kind: str, t: RpcTensor, offset: int, size: int) -> Access:
-    return Access(role, kind, t.buffer, (t.data + offset) & U64, size)
+    return Access(role, kind, t.buffer, (t.data + offset) & U64_MAX, size)
 
 
 def _copies(kind: str, t: RpcTensor, offset: int, size: int, n: int, stride: int
@@ -141,7 +141,7 @@ def _copies(kind: str, t: RpcTensor, offset: int, size: int, n: int, stride: int
     idx = list(range(min(n, _COPIES_JUDGED)))
     if n > _COPIES_JUDGED:
         idx.append(n - 1)
-    return [Access(f"copy {i}", kind, t.buffer, (t.data + offset + i * stride) & U64, size)
+    return [Access(f"copy {i}", kind, t.buffer, (t.data + offset + i * stride) & U64_MAX, size)
             for i in idx]
 
 
@@ -255,7 +255,7 @@ def requests(case: Case, out) -> list[tuple[int, object]]:
         frame = relocate(s.frame, s.relocs, live) if s.relocs else s.frame
         if len(frame) < REQUEST_HEADER_SIZE:
             break
-        (size,) = U64_STRUCT.unpack_from(frame, 1)
+        (size,) = U64.unpack_from(frame, 1)
         cmd = d.ids.get(frame[0])
         if cmd is None or size != len(frame) - REQUEST_HEADER_SIZE:
             break

@@ -17,13 +17,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Iterable, NamedTuple
 
-from ..proto.wire import U64
+from ..proto.wire import U64, U64_MAX
 from ..proto import (Cmd, ConnectionClosed, Data, EndOfMessage, NEED_DATA, Request, RequestHead,
                      RequestReader, get_dialect, response_payload_size)
 from ..proto.dialects import Dialect
 from ..proto.errors import ProtocolError
 
-U64_MAX = (1 << 64) - 1
 
 HANDLE, BASE = "handle", "base"
 SIZE = "size"  # an ALLOC_BUFFER answer's remote_size (learned with the handle, never relocated)

@@ -44,8 +44,9 @@ from ..impls.registry import PeerError, get_peer
 from ..reference.knobs import Misbehaviour
 from ..reference.server import ReferenceServer
 from ..reference.server_core import ServerConfig
-from ..proto import DEFAULT, get_dialect
-from . import strategies as rst
+from ..proto import CONN_CAPS_SIZE, DEFAULT, get_dialect
+from ..proto.wire import RESPONSE_HEADER_SIZE
+from .. import strategies as rst
 from .signature import Signature, normalise, reproduces, signal_text
 from .errors import TargetError
 
@@ -97,7 +98,8 @@ def knob_sets(draw, dialect: str = DEFAULT.name) -> dict:
             out["hello_flags"] = mut.description["value"]
         elif kind == "server_conn_caps":
             mut = draw(rst.flag_mutations(d, what="server_conn_caps"))
-            out["hello_caps"] = mut.data[8 + 4:8 + 28].hex()  # response: len, version+flags, caps
+            caps = RESPONSE_HEADER_SIZE + 4  # the answer: len, then version and flags, then caps
+            out["hello_caps"] = mut.data[caps:caps + CONN_CAPS_SIZE].hex()
         elif kind == "hello_version":
             major, minor, patch = d.version
             out["hello_version"] = list(draw(st.sampled_from((

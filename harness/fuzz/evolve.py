@@ -27,8 +27,8 @@ from ..proto.dialects import Dialect
 from .case import Case, Step, annotate, step
 from .execute import Outcome
 from .signature import normalise
-from .strategies import MUTATIONS, Site
-from .strategies.fields import INTERESTING_VALUES, overwrite
+from ..strategies import MUTATIONS, MutationSite
+from ..strategies.fields import INTERESTING_VALUES, overwrite
 
 MAX_EVOLVED_STEPS = 128
 _NUMBER = re.compile(r"\b\d+\b")
@@ -130,7 +130,7 @@ def _field(rng, steps, corpus, d: Dialect):
     width = 8 if room >= 8 and rng.random() < 0.5 else 4
     offset = rng.randrange(0, (room - width) // 4 + 1) * 4
     value = INTERESTING_VALUES[width][rng.randrange(len(INTERESTING_VALUES[width]))]
-    site = Site(None, MUTATIONS[("field", "interesting_value")], d, d.ids[s.frame[0]], None)
+    site = MutationSite(None, MUTATIONS[("field", "interesting_value")], d, d.ids[s.frame[0]], None)
     mut = site.mutation("payload", overwrite(s.frame, offset, width, value),
                         at="after_setup", value=value, index=offset)
     return steps[:k] + [step(mut.data, s.cmd, desc=mut.description, eof=s.eof)] + steps[k + 1:]

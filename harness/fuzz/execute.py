@@ -19,7 +19,7 @@ import socket
 import time
 from dataclasses import dataclass, field
 
-from ..proto.wire import U64
+from ..proto.wire import RESPONSE_HEADER_SIZE, U64
 from .errors import FuzzError
 from .case import BASE, HANDLE, SIZE, Case, relocate
 
@@ -272,7 +272,7 @@ class Executor:
         return self._view[:n]
 
     def _read_response(self, sock, size: int, i: int, s, out: Outcome) -> None:
-        head = self._read_exact(sock, 8, out, f"answer to {s.cmd}")
+        head = self._read_exact(sock, RESPONSE_HEADER_SIZE, out, f"answer to {s.cmd}")
         (n,) = U64.unpack_from(head)
         if n != size:
             raise _Ended(PROTOCOL, f"{s.cmd} answered with a {n}-byte payload, the spec says "

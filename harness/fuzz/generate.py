@@ -31,7 +31,7 @@ from .errors import FuzzError
 from ..proto import Cmd, RpcTensor, get_dialect, ggml, nbytes, pack_request
 from ..proto import messages as m
 from ..proto.dialects import DEFAULT, Dialect
-from . import strategies as rst
+from .. import strategies as rst
 from .case import BASE, HANDLE, Case, annotate, sentinel, step
 
 MAX_BUFFERS = 6
@@ -392,14 +392,11 @@ def _body_mutations(dialect: str, regions: tuple, local_only: bool = False,
     return both
 
 
-REFUSED_FRAMINGS = {"len_too_small", "len_too_large", "len_huge", "truncated"}
-
-
 def _not_comm_init(mut: rst.Mutation) -> bool:
     d = mut.description
-    # These framings are refused at the length check; every other COMM_INIT mutation is a
-    # complete request the server would act on.
-    return d["cmd"] != Cmd.COMM_INIT.value or d["what"] in REFUSED_FRAMINGS
+    # A COMM_INIT mutation the server never runs (refused at its length, or cut short) stays;
+    # every other one is a complete request the server would act on.
+    return d["cmd"] != Cmd.COMM_INIT.value or rst.MUTATIONS[(d["kind"], d["what"])].never_runs
 
 
 @lru_cache(maxsize=None)

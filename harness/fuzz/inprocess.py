@@ -18,9 +18,9 @@ from __future__ import annotations
 import time
 
 from ..proto import get_dialect
-from ..proto.wire import U64
+from ..proto.wire import RESPONSE_HEADER_SIZE, U64
 from ..reference.knobs import Misbehaviour
-from ..reference.profile import profile_for
+from ..reference.behaviour_view import behaviour_view_for
 from ..reference.server_core import ServerConfig, ServerState
 from ..reference.server_protocol import ConnectionRecord, ServerProtocol
 from .case import BASE, HANDLE, SIZE, Case, relocate
@@ -38,13 +38,13 @@ class InProcessReference:
         self.dialect = d
         self.state = ServerState(ServerConfig(dialect=d, knobs=knobs or Misbehaviour(),
                                               memory_budget=MEMORY))
-        self.profile = profile_for(d)
+        self.behaviour = behaviour_view_for(d)
 
     def run(self, case: Case) -> Outcome:
         t0 = time.monotonic()
         n = case.n_buffers
         out = Outcome(OK, live={HANDLE: [0] * n, BASE: [0] * n, SIZE: [0] * n})
-        proto = ServerProtocol(self.state, self.profile, ConnectionRecord("in-process", t0))
+        proto = ServerProtocol(self.state, self.behaviour, ConnectionRecord("in-process", t0))
         pending = bytearray()  # answers the server wrote and the client did not read yet
         try:
             for i, s in enumerate(case.steps):
@@ -57,17 +57,18 @@ class InProcessReference:
                 out.frames_sent += 1
                 out.bytes_sent += len(s.frame)
                 for size in s.expect:
-                    if len(pending) < 8:
+                    if len(pending) < RESPONSE_HEADER_SIZE:
                         out.status = CLOSED if proto.closed else PROTOCOL
                         out.detail = proto.close_reason or f"no answer to {s.cmd}"
                         return out
                     (got,) = U64.unpack_from(pending, 0)
-                    if got != size or len(pending) < 8 + size:
+                    if got != size or len(pending) < RESPONSE_HEADER_SIZE + size:
                         out.status, out.detail = PROTOCOL, \
                             f"{s.cmd} answered with a {got}-byte payload, the spec says {size}"
                         return out
-                    self._answer(out, i, s, bytes(pending[8:8 + size]))
-                    del pending[:8 + size]
+                    end = RESPONSE_HEADER_SIZE + size
+                    self._answer(out, i, s, bytes(pending[RESPONSE_HEADER_SIZE:end]))
+                    del pending[:end]
                 if pending:
                     out.status, out.detail = PROTOCOL, \
                         f"{len(pending)} bytes arrived after {s.cmd} although no answer was due"

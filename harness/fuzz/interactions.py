@@ -43,9 +43,9 @@ from ..proto import Cmd, get_dialect
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
 from . import covering, memo
-from .strategies.basics import I32_MAX, I32_MIN, U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
-from .strategies.boundaries import NAME_EDGES, UNKNOWN_HANDLE, _WRAP_SMALL, _edges, _u64
-from .strategies.registry import _get_tensor, _replace_tensor
+from ..strategies.basics import I32_MAX, I32_MIN, U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
+from ..strategies.boundaries import NAME_EDGES, UNKNOWN_HANDLE, _WRAP_SMALL, _edges, _u64
+from ..strategies.registry import _get_tensor, _replace_tensor
 
 AS_IS = "as_is"
 U32_EDGES = (0, 1, 2, I32_MAX, 1 << 31, U32_MAX)

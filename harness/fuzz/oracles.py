@@ -521,7 +521,7 @@ def _slowest_command(case: Case, out: Outcome) -> str:
 
 
 def _hello_frame(target: Target) -> bytes:
-    from .strategies import hello_request_frame
+    from ..strategies import hello_request_frame
     return hello_request_frame(target.dialect or DEFAULT.name)
 
 

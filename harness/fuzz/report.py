@@ -13,7 +13,7 @@ import json
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from . import strategies as rst
+from .. import strategies as rst
 from ..proto import DEFAULT, Cmd
 from .triage import root_cause_lines, root_causes
 
@@ -196,11 +196,10 @@ def coverage_summary(dialect: str, coverage: Counter, *, local_only: bool = True
     ``local_only`` (every live campaign) the pairs a campaign never sends by the loopback
     rule, a well-formed COMM_INIT (the server would connect to the addresses it names), are
     ``withheld``, not missing."""
-    from .generate import REFUSED_FRAMINGS
     catalogue = [c for c in rst.mutation_catalogue(dialect) if c["direction"] == "request"]
     withheld = [f"{c['kind']}:{c['what']}:{c['cmd']}" for c in catalogue
                 if local_only and c["cmd"] == Cmd.COMM_INIT.value
-                and c["what"] not in REFUSED_FRAMINGS]
+                and not rst.MUTATIONS[(c["kind"], c["what"])].never_runs]
     seen_ops: Counter = Counter()
     fields: dict = defaultdict(Counter)
     for c in catalogue:

@@ -23,11 +23,11 @@ from collections.abc import Callable, Iterator
 import numpy as np
 
 from ..proto import Cmd, ggml
-from ..proto.codec import request_header
 from ..proto.dialects import Dialect
 from ..proto.tensor import TENSOR_FIELD_OFFSETS, TENSOR_SIZE
+from ..proto.wire import REQUEST_HEADER_SIZE, request_header
 from .case import Case, annotate, step
-from .strategies.basics import BufferRegion
+from ..strategies.basics import BufferRegion
 
 SCALE_FRAME_LIMIT = 64 << 20  # the largest request a deterministic case sends
 REFERENCE_BOUND = 1 << 16  # the reference server's graph bound (ServerConfig)
@@ -51,7 +51,7 @@ def _graph_frame(d: Dialect, nodes: np.ndarray, tensors: np.ndarray, uid: int = 
     payload = b"".join((head, np.array([len(nodes)], "<u4").tobytes(),
                         nodes.astype("<u8").tobytes(),
                         np.array([len(tensors)], "<u4").tobytes(), tensors.tobytes()))
-    return request_header(d, Cmd.GRAPH_COMPUTE, len(payload)) + payload
+    return request_header(d.id_of(Cmd.GRAPH_COMPUTE), len(payload)) + payload
 
 
 def _tensors(n: int, r: BufferRegion, numbering) -> np.ndarray:
@@ -68,7 +68,7 @@ def _tensors(n: int, r: BufferRegion, numbering) -> np.ndarray:
 
 
 def _graph_bytes(d: Dialect, n_nodes: int, n_tensors: int) -> int:
-    return 9 + 4 + (8 if d.graph_uid else 0) + 4 + 8 * n_nodes + 4 + TENSOR_SIZE * n_tensors
+    return REQUEST_HEADER_SIZE + 4 + (8 if d.graph_uid else 0) + 4 + 8 * n_nodes + 4 + TENSOR_SIZE * n_tensors
 
 
 def chain(d: Dialect, r: BufferRegion, n: int) -> bytes:

@@ -8,7 +8,7 @@ Five parts, in this order, the same for a dialect on every machine:
    a session of its own. Once the walk ran, a campaign's "not exercised" list is empty.
 2. **the boundary sweep**: for every command that carries tensors and every tensor role in it
    (tensor, src, dst, srcs[0], and in GRAPH_COMPUTE the node, a source, a view and the view's
-   source), every ``placement`` and ``shape_class`` of :mod:`harness.fuzz.strategies.boundaries`;
+   source), every ``placement`` and ``shape_class`` of :mod:`harness.strategies.boundaries`;
    every ``field_class`` (each id, ne/nb, type, op, op_params, flags, view and use-count field
    at its edges); every ``error_path`` (the tensor one byte past its buffer, with an op past
    the enum or a name a bounds-error message would print); every ``scalar_class`` (device,
@@ -44,14 +44,14 @@ from ..proto import messages as m
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor
 from . import interactions, memo, scale, stateful
-from . import strategies as rst
+from .. import strategies as rst
 from .case import Case, annotate, annotate_after, step
 from .generate import _PROBE, _Model, _alloc_steps, _frame, _not_comm_init
-from .strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_plan,
+from ..strategies.boundaries import (RANGED, error_path_cases, field_cases, graph_plan,
                                     graph_request, placement_cases, range_cases, scalar_cases,
                                     shape_cases, with_range)
-from .strategies.basics import _tensor_nbytes
-from .strategies.registry import _get_tensor, _replace_tensor
+from ..strategies.basics import _tensor_nbytes
+from ..strategies.registry import _get_tensor, _replace_tensor
 
 SETUP = (4096, 8192)  # the two buffers every boundary session allocates first
 DRAWS = 2  # draws per (operator, command) in the catalogue walk

@@ -42,7 +42,7 @@ from ..impls.registry import PeerError, get_peer, probe_hello
 from ..impls.supervisor import REAL_PROCESS_ENV, ArgvSpec, ServerProcess, ServerStartError, \
     start_peer_server, start_reference_server
 from ..impls.zygote import Zygote, ZygoteChild, ZygoteUnsupported
-from ..proto import DEFAULT, Cmd, dialect_for_version, get_dialect
+from ..proto import DEFAULT, EMPTY_HELLO, Cmd, dialect_for_version, get_dialect
 from ..reference.knobs import parse_knobs
 from ..proto.wire import U64
 from ..transport.tcp import recv_exact
@@ -323,9 +323,9 @@ class Target:
         d = dialect_or_none(banner) if banner else None
         if d:
             return d
-        for major in (7, 3):  # the 24-byte HELLO of >= 4.0, then the empty one of 3.x
+        for layout in (DEFAULT, EMPTY_HELLO):  # the 24-byte HELLO of >= 4.0, then the empty one
             try:
-                version, flags = probe_hello(self.host, self.port, major)
+                version, flags = probe_hello(self.host, self.port, layout.version[0])
             except PeerError:
                 continue
             found = dialect_for_version(version, server_flags_seen=bool(flags))
@@ -464,7 +464,7 @@ class Target:
         BUSY_SHARE of a core in each ``timeout`` it went unanswered), up to ``grace`` in all.
         One connection throughout: a C server that answers a probe already closed dies of
         SIGPIPE (the real 7.0.0 server does), so a late answer is waited for, not given up."""
-        from .strategies import hello_request_frame
+        from ..strategies import hello_request_frame
         frame = hello_request_frame(self.dialect or DEFAULT.name)
         t0 = time.monotonic()
         try:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 import tempfile
 
-from ..proto.wire import U64
+from ..proto.wire import RESPONSE_HEADER_SIZE, U64
 from ..transport.base import recv_exact_into
 from .case import BASE, HANDLE, annotate, relocate
 from .generate import steady_session
@@ -46,9 +46,9 @@ def measure_on(host: str, port: int, dialect: str, *, seconds: float = 5.0,
         for s in case.steps[:len(prologue)]:  # round trips: the live values are learned here
             sock.sendall(relocate(s.frame, s.relocs, live))
             for size in s.expect:
-                _recv_exact(sock, view, 8 + size)
+                _recv_exact(sock, view, RESPONSE_HEADER_SIZE + size)
                 if s.learn:
-                    live[s.learn[0]][s.learn[1]] = U64.unpack_from(scratch, 8)[0]
+                    live[s.learn[0]][s.learn[1]] = U64.unpack_from(scratch, RESPONSE_HEADER_SIZE)[0]
         # Batches of ready bytes, each ending at a request with an answer.
         batches: list[tuple[bytes, int, int]] = []  # (bytes, frames, answer bytes)
         pending, frames = [], 0
@@ -56,7 +56,7 @@ def measure_on(host: str, port: int, dialect: str, *, seconds: float = 5.0,
             pending.append(relocate(s.frame, s.relocs, live))
             frames += 1
             if s.expect or lockstep:
-                batches.append((b"".join(pending), frames, sum(8 + n for n in s.expect)))
+                batches.append((b"".join(pending), frames, sum(RESPONSE_HEADER_SIZE + n for n in s.expect)))
                 pending, frames = [], 0
         if pending:
             batches.append((b"".join(pending), frames, 0))

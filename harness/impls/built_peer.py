@@ -31,7 +31,7 @@ def wheel_launcher() -> Path | None:
     without one: the Python module ``harness.impls.wheel_server`` then starts the server (31 ms
     of CPU a start against 5: a campaign restarts a server after every crash it finds)."""
     from .cache import cache_root
-    from .model_client import compile_shared_object
+    from .preload_shim import compile_shared_object
     cc = os.environ.get("CC") or "cc"
     if shutil.which(cc) is None:
         return None

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .driver import USAGES, digest, make_fill
+from .driver import USAGES, fingerprint, make_fill
 from .errors import ImplError
 from ..proto.fnv import fnv1a64
 from ..proto.constants import Cmd
@@ -68,7 +68,7 @@ class StepError(ImplError):
 
 
 @dataclass
-class Buffer:
+class AgentBuffer:
     name: str
     ptr: int
     base: int
@@ -81,7 +81,7 @@ class Buffer:
 class Tensor:
     name: str
     ptr: int
-    buffer: Buffer | None  # where its bytes live (a view's or cpy's: its source's)
+    buffer: AgentBuffer | None  # where its bytes live (a view's or cpy's: its source's)
     deps: list[str] = field(default_factory=list)  # tensors it is computed or viewed from
 
 
@@ -208,7 +208,7 @@ class Agent:
         self.device = 0
         self.backends: dict[tuple[str, int], int] = {}
         self.dev_counts: dict[str, int] = {}
-        self.buffers: dict[str, Buffer] = {}
+        self.buffers: dict[str, AgentBuffer] = {}
         self.tensors: dict[str, Tensor] = {}
         self.graphs: dict[str, tuple[int, int, int]] = {}  # name -> (ggml ctx, cgraph, uid)
         self.next_uid = 1  # where the library does not export its uid counter
@@ -263,7 +263,7 @@ class Agent:
             self.check(False, f"tensor {name!r} lives in freed buffer {t.buffer.name!r}")
         return t
 
-    def buffer(self, name) -> Buffer:
+    def buffer(self, name) -> AgentBuffer:
         b = self.buffers.get(name)
         if b is None:
             raise StepError(f"unknown buffer {name!r}")
@@ -301,7 +301,7 @@ class Agent:
         if count is not None:
             self.check(0 <= device < count, f"device {device} out of range ({count} devices)")
 
-    def place(self, ptr: int, buf: Buffer, offset: int) -> int:
+    def place(self, ptr: int, buf: AgentBuffer, offset: int) -> int:
         """ggml_backend_tensor_alloc at base+offset, refusing what its asserts would reject."""
         L = self.lib
         self.check(offset >= 0, "offset must be >= 0")
@@ -327,7 +327,7 @@ class Agent:
                    f"offset {offset} + size {size} outside tensor of {nbytes} bytes")
         return nbytes, offset, size
 
-    def memset_supported(self, buf: Buffer) -> bool:
+    def memset_supported(self, buf: AgentBuffer) -> bool:
         if self.proto is not None and self.proto[0] < MEMSET_PROTO_MAJOR:
             return False
         # The same NULL test ggml_backend_tensor_memset asserts on.
@@ -408,7 +408,7 @@ class Agent:
         L.ggml_backend_buffer_set_usage(ptr, USAGES[usage])
         base = L.ggml_backend_buffer_get_base(ptr) or 0
         real = L.ggml_backend_buffer_get_size(ptr)
-        self.buffers[name] = Buffer(name, ptr, base, real, usage)
+        self.buffers[name] = AgentBuffer(name, ptr, base, real, usage)
         return {"base": base, "size": real}
 
     def op_tensor(self, s):
@@ -540,7 +540,7 @@ class Agent:
         _, offset, size = self.region(t, s)
         out = np.zeros(size, dtype=np.uint8)
         self.lib.ggml_backend_tensor_get(t.ptr, out.ctypes.data, offset, size)
-        return digest(out)
+        return fingerprint(out)
 
     def op_compute(self, s):
         """Compute the graph of ``outputs``. With ``graph`` NAME the graph object is kept and
@@ -623,7 +623,7 @@ class Agent:
         offset, size, n, stride = self._region_2d(t, s)
         out = np.zeros(size * n, dtype=np.uint8)
         self.lib.ggml_backend_tensor_get_2d(t.ptr, out.ctypes.data, offset, size, n, stride, size)
-        return digest(out)
+        return fingerprint(out)
 
     def op_copy(self, s):
         src, dst = self.tensor(s["src"]), self.tensor(s["dst"])

@@ -139,9 +139,9 @@ class DockerServer:
                 engine_timeout):
         import docker.errors
 
-        from .docker_image import server_argv
+        from .docker_image import image_server_argv
 
-        argv = _substitute(command or server_argv(host="{host}", port="{port}"), host, port)
+        argv = _substitute(command or image_server_argv(host="{host}", port="{port}"), host, port)
         environment = {**REAL_PROCESS_ENV, **(env or {})}
         volumes = {}
         if cache_dir is not None:

@@ -110,7 +110,7 @@ def stdbuf_files() -> dict[str, str]:
     return {}
 
 
-def server_argv(server_target: str = "ggml-rpc-server", host: str = "127.0.0.1",
+def image_server_argv(server_target: str = "ggml-rpc-server", host: str = "127.0.0.1",
                 port: str = "50052") -> tuple[str, ...]:
     """How a pin image runs its server (line-buffered stdout, one thread, like a local one)."""
     return (STDBUF, "-oL", f"{APP_DIR}/{server_target or 'ggml-rpc-server'}", "-H", host,
@@ -186,7 +186,7 @@ def build_pin_image(pin_name: str, *, repository: str = DEFAULT_REPOSITORY, clie
                     data, repository=repo, tag=version,
                     changes=[f"WORKDIR {APP_DIR}", f"ENV LD_LIBRARY_PATH={APP_DIR}",
                              f"LABEL {LABEL_PIN}={pin.name}",
-                             "CMD " + json.dumps(list(server_argv(pin.server_target)))])
+                             "CMD " + json.dumps(list(image_server_argv(pin.server_target)))])
             except Exception as e:  # noqa: BLE001 - the SDK's APIError and transport errors
                 raise ImageError(f"import of {tag} failed: {e}") from None
             if not image_exists(client, tag):

@@ -82,7 +82,7 @@ def make_fill(fill: dict, nbytes: int) -> np.ndarray:
     return out
 
 
-def digest(data) -> dict:
+def fingerprint(data) -> dict:
     """What a ``get`` step reports about the bytes it read."""
     raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
     return {"fnv": f"{fnv1a64(raw):016x}", "size": len(raw), "head": raw[:64].hex()}

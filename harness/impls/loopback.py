@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .cache import cache_root
 from .errors import ImplError, PeerUnavailable
-from .model_client import compile_shared_object
+from .preload_shim import compile_shared_object
 from .supervisor import ServerProcess, _socket_inodes_of
 
 SHIM_SOURCE = Path(__file__).with_name("loopback_bind.c")

@@ -14,10 +14,11 @@ from dataclasses import dataclass, replace
 from ..reference.client import RefClient, ServerClosed, VersionRejected
 from ..reference.knobs import Misbehaviour
 from ..proto import Cmd, ggml
+from ..proto.constants import GRAPH_CACHE_MAX
 from ..proto.errors import ProtocolError
 from ..proto.tensor import RpcTensor, nbytes
 from .driver import (NODE_KINDS, USAGES, ClientAborted, ClientDriver, ExitInfo, StepFailed,
-                     StepResult, digest, make_fill)
+                     StepResult, fingerprint, make_fill)
 
 TYPE_IDS = {t.name: i for i, t in enumerate(ggml.TYPES) if t.blck_size}
 ID_BASE = 0x7E00_0000_0000  # synthetic client-side tensor addresses (the C client uses pointers)
@@ -25,7 +26,6 @@ ABORT_TEXT = "Remote RPC server crashed or returned malformed response"
 # ggml_op_alloc_size_may_expand: ops whose alloc size the client asks the server for
 ALLOC_SIZE_MAY_EXPAND = {ggml.OP[n] for n in ("FLASH_ATTN_EXT", "MUL_MAT", "MUL_MAT_ID", "CUMSUM",
                                                "ARGSORT", "TOP_K")}
-GRAPH_CACHE_MAX = 1024  # 8.0.0 client: uids remembered per device before the cache is cleared
 
 
 @dataclass
@@ -212,12 +212,12 @@ class RefClientDriver(ClientDriver):
         data = make_fill(fill or {}, size)
         weights = self.usage_of.get(tensor) == "weights"
         how = self.client.set_tensor(rec, data, offset, weights=weights)
-        return {"fnv": digest(data)["fnv"], "how": how}
+        return {"fnv": fingerprint(data)["fnv"], "how": how}
 
     def _op_get(self, tensor: str, offset: int = 0, size: int | None = None):
         rec = self.tensors[tensor]
         size = nbytes(rec) - offset if size is None else size
-        return digest(self.client.get_tensor(rec, offset, size))
+        return fingerprint(self.client.get_tensor(rec, offset, size))
 
     def _op_node(self, name: str, kind: str, inputs=(), buffer: str | None = None,
                  offset: int = 0, params=None):
@@ -314,14 +314,14 @@ class RefClientDriver(ClientDriver):
         else:  # one copy is a plain upload (hashed like one); < 8.0.0: row by row
             for i, row in enumerate(rows):
                 self.client.set_tensor(rec, data[i * size:(i + 1) * size], row, weights=weights)
-        return {"fnv": digest(data)["fnv"]}
+        return {"fnv": fingerprint(data)["fnv"]}
 
     def _op_get_2d(self, tensor: str, size: int, n_copies: int, stride: int, offset: int = 0):
         rec = self.tensors[tensor]
         rows = self._rows_2d(rec, offset, size, n_copies, stride)
         if self.client.dialect.has(Cmd.GET_TENSOR_2D) and n_copies > 1:
-            return digest(self.client.get_tensor_2d(rec, offset, size, n_copies, stride))
-        return digest(b"".join(bytes(self.client.get_tensor(rec, row, size)) for row in rows))
+            return fingerprint(self.client.get_tensor_2d(rec, offset, size, n_copies, stride))
+        return fingerprint(b"".join(bytes(self.client.get_tensor(rec, row, size)) for row in rows))
 
     def _op_copy(self, src: str, dst: str):
         return {"ok": self.client.copy_tensor(self.tensors[src], self.tensors[dst])}

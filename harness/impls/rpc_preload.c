@@ -3,7 +3,7 @@
 // (llama-simple, test-backend-ops) offload to them exactly like `--rpc` does in
 // common/arg.cpp (add_rpc_devices).
 //
-// Built per llama.cpp build by harness.impls.model_client.ensure_shim, linked against that
+// Built per llama.cpp build by harness.impls.preload_shim.ensure_shim, linked against that
 // build's libggml and libggml-rpc (so their constructors run first). The two functions it
 // needs are declared here, so no headers are required; define RPC_PRELOAD_USE_HEADERS (and
 // pass -I<ggml/include>) to check the declarations against a build's real headers.

@@ -8,8 +8,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from ..proto import DIALECTS, ClientConnection, Dialect, HelloRequest, ProtocolError, Response, \
-    pack_request
+from ..proto import DIALECTS, EMPTY_HELLO, ClientConnection, Dialect, HelloRequest, ProtocolError, \
+    Response, pack_request
 from .errors import MislabelledPeer, VerificationError
 from .supervisor import ServerStartError, start_peer_server
 
@@ -17,7 +17,7 @@ HELLO_TIMEOUT = 5.0
 # The HELLO layouts by major, from the rows: the first major whose HELLO carries conn_caps
 # (what an unknown build is asked first) and the newest without them (the fallback).
 CAPS_MAJOR = min(d.version for d in DIALECTS.values() if d.hello_caps)[0]
-NO_CAPS_MAJOR = max(d.version for d in DIALECTS.values() if not d.hello_caps)[0]
+NO_CAPS_MAJOR = EMPTY_HELLO.version[0]
 _RECV_BYTES = 4096  # a HELLO reply is 11 or 36 bytes; more than that is an error the codec names
 
 

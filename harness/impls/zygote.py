@@ -29,7 +29,7 @@ from .cache import cache_root
 from .driver import ExitInfo
 from .errors import ImplError
 from .loopback import preload_env
-from .model_client import compile_shared_object
+from .preload_shim import compile_shared_object
 from .supervisor import (BIND_FAILED_TEXT, ArgvSpec, ServerProcess, ServerStartError, _merge_tail,
                          exit_info_from, free_port)
 

@@ -7,6 +7,7 @@ from typing import Iterable
 
 from ..scenario import SCENARIOS
 from .model import CELLS, Expectation, Matrix
+from .releases import predict
 
 RELEASES = "releases"
 
@@ -87,6 +88,9 @@ def release_cells(matrix: Matrix, peers: Iterable[str] | None = None) -> list[Ce
 
 
 def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
+    """The first of matrix.yaml's ``expectations`` that matches the cell; where none does, the
+    version rule on the two implementations' dialects (``releases.predict``: the HELLO layout,
+    then ``client_accepts``)."""
     for e in matrix.expectations:
         designs = [e.design] if isinstance(e.design, str) else e.design
         if designs is not None and cell.design not in designs:
@@ -100,7 +104,8 @@ def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
         if e.scenario is not None and e.scenario != cell.scenario:
             continue
         return e
-    return Expectation(outcome="works", because="no rule matched: same major assumed")
+    return predict(matrix.implementations[cell.client].proto,
+                   matrix.implementations[cell.server].proto)
 
 
 def find_cell(cells: list[Cell], key: str) -> Cell:

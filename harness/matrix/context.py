@@ -7,13 +7,14 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..capture.loadprof_log import ConnectionProfile, of_side, parse_loadprof
+from ..capture.loadprof_log import LoadprofRecord, of_side, parse_loadprof
 from ..capture.proxy import RecordingProxy
 from ..capture.transcript import Transcript
 from ..impls.adapters import Adapter
 from ..impls.driver import ClientAborted, ClientDriver, ExitInfo
-from ..impls.model_client import (LOADPROF_ENV, LOAD_MODEL_SPEC, ensure_shim,
-                                  layer_weight_bytes, run_llama_simple, tiny_model)
+from ..impls.model_client import LOADPROF_ENV, run_llama_simple
+from ..impls.preload_shim import ensure_shim
+from ..impls.tiny_gguf import LOAD_MODEL_SPEC, layer_weight_bytes, tiny_model
 from ..impls.supervisor import ServerProcess
 from ..reference.client import RefClient
 from ..reference.knobs import Misbehaviour
@@ -51,8 +52,8 @@ class FleetServer:
         self.proxy.wait_quiet(timeout=10.0)
         return list(self.proxy.transcripts)
 
-    def profiles(self) -> list[ConnectionProfile]:
-        """The server's own load profile records (GGML_RPC_LOADPROF=1 builds print them)."""
+    def loadprof_records(self) -> list[LoadprofRecord]:
+        """The server's own load profiler records (GGML_RPC_LOADPROF=1 builds print them)."""
         return of_side(parse_loadprof(self.server.log_text().splitlines()), "server")
 
 
@@ -252,7 +253,7 @@ class CellContext:
         summary = {"model": model.name, "local": run_summary(local), "runs": []}
         rows = []
         for i in range(runs):
-            marks = [(len(m.transcripts()), len(m.profiles())) for m in servers]
+            marks = [(len(m.transcripts()), len(m.loadprof_records())) for m in servers]
             rpc = run_llama_simple(bin_dir, model, servers=[m.endpoint for m in servers],
                                    shim=shim, env=LOADPROF_ENV, timeout=timeout)
             if rpc.exit.aborted and "version mismatch" in (rpc.exit.message or ""):
@@ -263,8 +264,8 @@ class CellContext:
             label = ("cold", "warm")[i] if runs == 2 and self.cache else str(i + 1)
             equal = local.ok and rpc.ok and local.stdout == rpc.stdout
             clients = of_side(parse_loadprof(rpc.log), "client")
-            for m, (n_conns, n_profiles) in zip(servers, marks):
-                rows.append(load_run_row(label, m, n_conns, n_profiles, rpc, equal,
+            for m, (n_conns, n_records) in zip(servers, marks):
+                rows.append(load_run_row(label, m, n_conns, n_records, rpc, equal,
                                           [p for p in clients if p.endpoint == m.endpoint]))
             summary["runs"].append({"run": label, "equal": equal, **run_summary(rpc)})
         (self.workdir / "model.json").write_text(json.dumps(summary, indent=2))

@@ -16,7 +16,7 @@ from typing import Callable
 import scenarios  # noqa: F401 - importing the package registers every scenario
 
 from ..capture.decode import iter_lines
-from ..capture.loadprof import LoadProfile, plot, profile
+from ..capture.upload_timing import UploadTiming, plot, time_uploads
 from ..capture.pcap import write_pcap
 from ..capture.proxy import RecordingProxy, compact
 from ..capture.transcript import Transcript
@@ -257,7 +257,7 @@ def run_cell(job: PlannedCell, run_dir: Path, timeouts: Timeouts, run_id: str) -
                 indent=1, default=str))
     verdict = judge(expect, obs, error=failure[0] if failure else None, hang=hang,
                     server_exit=server_exit)
-    load = _load_profile(folder, transcripts, cell)
+    load = _upload_timing(folder, transcripts, cell)
     if verdict.verdict == PASS and not timeouts.keep_payloads:
         elide_payloads(folder, transcripts)
     return finish(verdict, obs, load)
@@ -336,12 +336,12 @@ def _compact_cache(cache_dir: Path | None) -> None:
         p.unlink()
 
 
-def _load_profile(folder: Path, transcripts: list[Transcript], cell: Cell) -> dict:
-    """The cell's upload profile from the wire; a bytes-over-time plot when it uploaded much."""
+def _upload_timing(folder: Path, transcripts: list[Transcript], cell: Cell) -> dict:
+    """The cell's upload timing from the wire; a bytes-over-time plot when it uploaded much."""
     if not transcripts:
         return {}
-    per_conn = [profile(t, t.decode()) for t in transcripts]
-    total = LoadProfile()
+    per_conn = [time_uploads(t, t.decode()) for t in transcripts]
+    total = UploadTiming()
     for p in per_conn:
         total.merge(p)
     if total.set_tensor_bytes >= PLOT_BYTES:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..proto.wire import REQUEST_HEAD
 from ..capture.transcript import C2S, Transcript
-from ..reference.profile import HASH_ALWAYS, HASH_IF_FLAG, profile_for
+from ..reference.behaviour_view import HASH_ALWAYS, HASH_IF_FLAG, behaviour_view_for
 from ..proto import HASH_THRESHOLD, SERVER_FLAG_CACHE, Cmd, Session, get_dialect
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
 from ..proto.tensor import nbytes
@@ -104,7 +104,7 @@ def _unrecorded_before(tr: Transcript, offset: int | None) -> bool:
 
 
 def _hashing_mismatch(dialect: str, sent: list, seen: Session) -> str | None:
-    policy = profile_for(dialect).client_hash
+    policy = behaviour_view_for(dialect).client_hash
     hello = seen.server_hello
     server_cache = bool(hello and hello.flags & SERVER_FLAG_CACHE)
     should_hash = policy == HASH_ALWAYS or (policy == HASH_IF_FLAG and server_cache)

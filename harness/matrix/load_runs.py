@@ -1,5 +1,5 @@
-"""Per-run summaries of model loads through a cell's fleet: the wire's load profile of each
-server's connections next to the peers' own profile records (the model-load and mixed-fleet
+"""Per-run summaries of model loads through a cell's fleet: the wire's upload timing of each
+server's connections next to the peers' own load profiler records (the model-load and mixed-fleet
 verdicts rest on the wire part)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..capture.loadprof import LoadProfile, profile
-from ..capture.loadprof_log import ConnectionProfile
+from ..capture.upload_timing import UploadTiming, time_uploads
+from ..capture.loadprof_log import LoadprofRecord
 from ..impls.model_client import ModelRun
 from ..proto import Cmd
 
@@ -21,8 +21,8 @@ def run_summary(run: ModelRun) -> dict:
             "seconds": round(run.seconds, 3), "text": run.text, "tokens": run.decoded_tokens}
 
 
-def sum_profiles(records: list[ConnectionProfile]) -> dict | None:
-    """One profile for several connections: counts and times add up, the span is the longest."""
+def sum_loadprof_records(records: list[LoadprofRecord]) -> dict | None:
+    """One record for several connections: counts and times add up, the span is the longest."""
     if not records:
         return None
     out: dict = {}
@@ -42,25 +42,25 @@ def sum_profiles(records: list[ConnectionProfile]) -> dict | None:
     return out
 
 
-# A server prints its profile record when the client's connection ends, which may come a
+# A server prints its load profiler record when the client's connection ends, which may come a
 # moment after the proxy saw the connection close.
 _PROFILE_SETTLE_S = 5.0
 
 
-def load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int, rpc: ModelRun,
-                  equal: bool, client_records: list[ConnectionProfile]) -> dict:
+def load_run_row(label: str, member: FleetServer, n_conns: int, n_records: int, rpc: ModelRun,
+                  equal: bool, client_records: list[LoadprofRecord]) -> dict:
     transcripts = member.transcripts()[n_conns:]
-    wire = LoadProfile()
+    wire = UploadTiming()
     client_hellos = 0
     for t in transcripts:
         session = t.decode()
-        wire.merge(profile(t, session))
+        wire.merge(time_uploads(t, session))
         client_hellos += session.commands[:1] == [Cmd.HELLO]
-    records = member.profiles()[n_profiles:]
+    records = member.loadprof_records()[n_records:]
     settle = time.monotonic() + _PROFILE_SETTLE_S
     while records and len(records) < len(transcripts) and time.monotonic() < settle:
         time.sleep(0.1)
-        records = member.profiles()[n_profiles:]
+        records = member.loadprof_records()[n_records:]
     return {"run": label, "server": member.name, "endpoint": member.endpoint, "equal": equal,
             "wall_s": round(rpc.seconds, 4), "connections": len(transcripts),
             "client_hellos": client_hellos,
@@ -69,5 +69,5 @@ def load_run_row(label: str, member: FleetServer, n_conns: int, n_profiles: int,
             "set_tensor": wire.set_tensor_calls, "set_tensor_bytes": wire.set_tensor_bytes,
             "set_tensor_hash": wire.hash_calls, "cache_hits": wire.hash_hits,
             "bytes_hashed": wire.bytes_hashed,
-            "client_profile": sum_profiles(client_records),
-            "server_profile": sum_profiles(records)}
+            "client_profile": sum_loadprof_records(client_records),
+            "server_profile": sum_loadprof_records(records)}

@@ -12,13 +12,13 @@ import scenarios  # noqa: F401 - importing the package registers every scenario
 
 from .errors import MatrixError
 from ..reference.knobs import parse_knobs
-from ..proto.dialects import DIALECTS, get_dialect
+from ..proto.dialects import ALIASES, DIALECTS, get_dialect
 from ..scenario import OUTCOMES, SCENARIOS
 
 ROLES = ("old-client", "new-client", "old-server", "new-server")
 CELLS = (("old-client", "old-server"), ("old-client", "new-server"),
          ("new-client", "old-server"), ("new-client", "new-server"))
-Outcome = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
+OutcomeName = Literal[OUTCOMES]  # type: ignore[valid-type] - the outcomes a scenario can observe
 # tcp: the real wire; rdma-emu: reference peers over the emulated RDMA transport; rdma-verbs:
 # reference peers over pyverbs on a real device; rdma-soft: the real RDMA builds of the pins
 # over softverbs, the project's software verbs device (docs/RDMA.md, section 4)
@@ -91,7 +91,7 @@ class Expectation(_Strict):
     transport: Optional[TransportName] = None
     cache: Optional[bool] = None
     scenario: Optional[str] = None
-    outcome: Outcome
+    outcome: OutcomeName
     degraded: list[str] = []  # works-degraded: what degrades
     side: Optional[Literal["client", "server"]] = None  # rejected-at-hello: who refuses
     message: Optional[str] = None  # substring of the rejecting side's message
@@ -140,10 +140,12 @@ class Matrix(_Strict):
 
     @model_validator(mode="after")
     def _references(self):
+        self._reference_peers_named_by_version()
         for dname, d in self.designs.items():
             for role, impl in d.roles.items():
                 if impl not in self.implementations:
-                    raise ValueError(f"designs.{dname}.roles.{role}: unknown implementation {impl!r}")
+                    raise ValueError(f"designs.{dname}.roles.{role}: unknown implementation {impl!r} "
+                                     "(nor the version of a row of harness/proto/dialects.py)")
                 want = role.split("-")[1]
                 if want not in self.implementations[impl].roles:
                     raise ValueError(f"designs.{dname}.roles.{role}: {impl} cannot play a {want}")
@@ -165,6 +167,25 @@ class Matrix(_Strict):
             if e.scenario is not None and e.scenario not in SCENARIOS:
                 raise ValueError(f"expectations.{i}.scenario: unknown scenario {e.scenario!r}")
         return self
+
+    def _reference_peers_named_by_version(self) -> None:
+        """A role may name a dialect row by its version ("7.1.0") or short name instead of an
+        implementation: the reference peer speaking that row, implementation ``ref-<row>``."""
+        for dname, d in self.designs.items():
+            for role, named in list(d.roles.items()):
+                row = DIALECTS.get(ALIASES.get(named, named))
+                if named in self.implementations or row is None:
+                    continue
+                key = f"ref-{row.name}"
+                have = self.implementations.get(key)
+                if have is None:
+                    self.implementations[key] = Implementation(
+                        kind="ref", proto=row.name,
+                        description=f"reference peer speaking {row.name} (a role names its row)")
+                elif (have.kind, have.proto) != ("ref", row.name):
+                    raise ValueError(f"designs.{dname}.roles.{role}: {named!r} is the reference "
+                                     f"peer {key}, but implementations.{key} is another")
+                d.roles[role] = key
 
     def _check_emulation(self, dname: str, d: "Design") -> None:
         emu = self.designs.get(d.emulation)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from ..capture.loadprof import LoadProfile, plot, profile
+from ..capture.upload_timing import UploadTiming, plot, time_uploads
 from ..capture.transcript import C2S, Transcript
 from ..proto import Cmd, Session
 from .cells import Cell
@@ -61,7 +61,7 @@ def run_profile(matrix: Matrix, designs: list[str], out_root: Path, *, size: int
         for n, path in enumerate(conns):
             tr = Transcript.load(path)
             session = tr.decode()
-            p: LoadProfile = profile(tr, session)
+            p: UploadTiming = time_uploads(tr, session)
             wall = upload_wall(tr, session)
             which = "cold" if n == 0 else "warm"
             rec = {"design": r["design"], "pair": r["pair"], "client": r["client"],

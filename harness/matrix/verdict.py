@@ -5,11 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..impls.driver import ExitInfo
+from ..report.glyphs import VERDICTS
 from ..scenario import DEGRADED, FAILED, REJECTED, Observation, Skip
 from .model import Expectation
 
-PASS, FAIL, CRASH, HANG, ERROR, SKIP = "pass", "fail", "crash", "hang", "error", "skip"
-VERDICTS = (PASS, FAIL, CRASH, HANG, ERROR, SKIP)
+PASS, FAIL, CRASH, HANG, ERROR, SKIP = VERDICTS
 
 
 @dataclass

@@ -5,7 +5,7 @@ Two peers can share a wire format and still differ on the wire: whether the clie
 before uploading, whether the server validates a SET_TENSOR header before reading its payload,
 how the RDMA data path cuts and receives the stream. Each is a small frozen record here with
 the presets the known generations use; a dialect row names one of each, and the reference
-peers (``harness.reference.profile``) and the RDMA transport (``harness.transport.rdma_core``)
+peers (``harness.reference.behaviour_view``) and the RDMA transport (``harness.transport.rdma_core``)
 read them from the row, never from the dialect's name.
 """
 

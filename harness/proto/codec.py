@@ -6,8 +6,8 @@ import struct
 import threading
 from collections import OrderedDict
 
-from .wire import (REQUEST_HEAD, REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,  # noqa: F401
-                   U32, U64)  # the header sizes are codec's public names too
+from .wire import (REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE,  # noqa: F401
+                   U32, request_header, response_frame)  # the header sizes are codec's names too
 from .constants import Cmd
 from .dialects import Dialect
 from .errors import LocalProtocolError, RemoteProtocolError
@@ -15,7 +15,6 @@ from .messages import (EmptyResponse, GraphComputeRequest, GraphLayout, Layout, 
                        spec_for)
 from .tensor import RpcTensor, TENSOR_SIZE
 
-U64_MAX = (1 << 64) - 1
 
 
 # ---------------------------------------------------------------- layouts
@@ -153,15 +152,10 @@ def pack_request_payload(dialect: Dialect, msg: Message) -> bytes:
     return fixed
 
 
-def request_header(dialect: Dialect, cmd: Cmd, payload_len: int) -> bytes:
-    """The 9-byte frame header; lets callers send a payload without copying it."""
-    return REQUEST_HEAD.pack(dialect.id_of(cmd), payload_len)
-
-
 def pack_request(dialect: Dialect, msg: Message) -> bytes:
     """The whole request frame: cmd byte, u64 length, payload."""
     payload = pack_request_payload(dialect, msg)
-    return request_header(dialect, msg.cmd, len(payload)) + payload
+    return request_header(dialect.id_of(msg.cmd), len(payload)) + payload
 
 
 def unpack_request_payload(dialect: Dialect, cmd: Cmd, payload) -> Message:
@@ -221,8 +215,7 @@ def pack_response_payload(dialect: Dialect, msg: Message) -> bytes:
 
 
 def pack_response(dialect: Dialect, msg: Message) -> bytes:
-    payload = pack_response_payload(dialect, msg)
-    return U64.pack(len(payload)) + payload
+    return response_frame(pack_response_payload(dialect, msg))
 
 
 def unpack_response_payload(dialect: Dialect, cmd: Cmd, payload) -> Message:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections import deque
 
-from .wire import U64
-from .codec import (has_response, pack_fixed, pack_request, pack_response, request_header)
+from .wire import U64, request_header
+from .codec import has_response, pack_fixed, pack_request, pack_response
 from .constants import Cmd
 from .dialects import Dialect, get_dialect
 from .errors import LocalProtocolError
 from .events import Request, RequestHead, Response
-from .framing import (DEFAULT_DATA_CHUNK, DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_STREAM,
+from .readers import (DEFAULT_DATA_CHUNK, DEFAULT_MAX_PAYLOAD, DEFAULT_MAX_STREAM,
                       RequestReader, ResponseReader)
 from .messages import HelloResponse, Message, spec_for
 
@@ -54,7 +54,7 @@ class ClientConnection:
             raise LocalProtocolError(f"send_head needs a variable request with empty data, got {msg.cmd}")
         fixed = pack_fixed(layout, msg)
         self.reader.expect(msg)
-        return request_header(self.dialect, msg.cmd, len(fixed) + data_length) + fixed
+        return request_header(self.dialect.id_of(msg.cmd), len(fixed) + data_length) + fixed
 
     def receive_data(self, data) -> None:
         self.reader.feed(data)

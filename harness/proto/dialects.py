@@ -59,9 +59,12 @@ class Dialect:
     graph_uid: bool = False  # GRAPH_COMPUTE / GRAPH_RECOMPUTE carry the graph uid (>= 8.0.0)
     acked: frozenset = frozenset()  # commands answered with an empty response
     evidence: str = ""
-    # the reference peer is held byte-exact to this row (the mission's four dialects)
+    # the reference peer is held byte-exact to this row (the mission's four dialects): every
+    # test parametrised over PRIMARY runs it, and the newest primary row is NEWEST
     primary: bool = False
     alias: str | None = None  # a short name the CLI accepts ("7f")
+    # a derived row (a version the table has no row for): the name of the row it copies
+    derived_from: str | None = None
     # behaviour: required, so a row cannot leave one out
     peer: PeerBehaviour = field(kw_only=True)
     rdma: RdmaGeneration = field(kw_only=True)
@@ -130,10 +133,14 @@ ALIASES = {d.alias: d.name for d in DIALECTS.values() if d.alias}
 
 # The one place a default dialect is named. DEFAULT: what a tool speaks when neither the user
 # nor a peer's HELLO says (the release every real peer of the suite can speak to, and the
-# one the fuzz catalogues were recorded from). NEWEST: the newest row (the reference server
-# `harness serve` runs by default, the reference peers' own zero-copy dialect in bench).
+# one the fuzz catalogues were recorded from). NEWEST: the newest primary row (the reference
+# server `harness serve` runs by default, the reference peers' own zero-copy dialect in
+# bench). EMPTY_HELLO: the newest row whose HELLO request is empty (before 4.0.0): what a
+# session that opens with an empty HELLO is read as until the server's answer names its row,
+# and the layout a build that answers no 24-byte HELLO is asked in.
 DEFAULT = D700
 NEWEST = max((d for d in DIALECTS.values() if d.primary), key=lambda d: d.version)
+EMPTY_HELLO = max((d for d in DIALECTS.values() if not d.hello_caps), key=lambda d: d.version)
 
 
 def first_with(cmd: Cmd, *, primary_only: bool = True) -> Dialect:
@@ -162,7 +169,7 @@ def derived_dialect(version: Version) -> Dialect | None:
     base = max(below, key=lambda d: d.version) if below else min(above, key=lambda d: d.version)
     name = "%d.%d.%d" % version
     return dataclasses.replace(
-        base, name=name, version=version,
+        base, name=name, version=version, primary=False, alias=None, derived_from=base.name,
         evidence=f"[INF] no row for {name}: derived from {base.name} (same major), "
                  f"announcing {name}")
 

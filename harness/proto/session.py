@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .wire import U64
+from .wire import REQUEST_HEADER_SIZE, RESPONSE_HEADER_SIZE, frame_heads
 from .constants import CONN_CAPS_SIZE, HELLO_ID, Cmd
-from .dialects import D361, D700, Dialect, dialect_for_version, get_dialect
+from .dialects import DEFAULT, EMPTY_HELLO, Dialect, dialect_for_version, get_dialect
 from .errors import ProtocolError
 from .events import (NEED_DATA, ConnectionClosed, Data, EndOfMessage, Request, RequestHead,
                      Response, ResponseHead)
 from .fnv import Fnv1a64
-from .framing import RequestReader, ResponseReader
+from .readers import RequestReader, ResponseReader
 from .messages import RESPONSE_TYPES, HelloResponse, Message
 
 
@@ -96,23 +96,24 @@ class SessionDecoder:
         if self._req_reader is not None:
             return
         c = self._c2s_pending
-        if len(c) >= 9 and c[0] == HELLO_ID:
-            (n,) = U64.unpack_from(c, 1)
-            guess = D361 if n == 0 else D700
-        elif len(c) >= 1 and c[0] != HELLO_ID:
-            guess = D700
-        elif self._c2s_eof and len(c) < 9:
-            guess = D700
+        opening = frame_heads(c[:REQUEST_HEADER_SIZE], requests=True)  # once its header is in
+        if opening and opening[0].cmd == HELLO_ID:
+            guess = EMPTY_HELLO if opening[0].length == 0 else DEFAULT
+        elif c and c[0] != HELLO_ID:
+            guess = DEFAULT
+        elif self._c2s_eof and not opening:
+            guess = DEFAULT
         else:
             return
         s = self._s2c_pending
-        if guess.hello_caps and len(s) >= 8 + 4:
-            (n,) = U64.unpack_from(s, 0)
-            if n == 4 + CONN_CAPS_SIZE:
-                found = dialect_for_version((s[8], s[9], s[10]), server_flags_seen=s[11] != 0)
+        answer = frame_heads(s[:RESPONSE_HEADER_SIZE], requests=False)
+        at = answer[0].payload if answer else None
+        if guess.hello_caps and answer and len(s) >= at + 4:
+            if answer[0].length == 4 + CONN_CAPS_SIZE:
+                found = dialect_for_version(tuple(s[at:at + 3]), server_flags_seen=s[at + 3] != 0)
                 guess = found or guess
-        elif not guess.hello_caps and len(s) >= 8 + 3:
-            found = dialect_for_version((s[8], s[9], s[10]))
+        elif not guess.hello_caps and answer and len(s) >= at + 3:
+            found = dialect_for_version(tuple(s[at:at + 3]))
             guess = found if found is not None and not found.hello_caps else guess
         elif not (self._s2c_eof or self._c2s_eof):
             # wait for the HELLO response before committing to a dialect
@@ -162,7 +163,7 @@ class SessionDecoder:
         if not self._s2c_eof:
             self.feed_s2c(b"")
         if self._req_reader is None:  # nothing decodable was ever seen
-            self._start(D700)
+            self._start(DEFAULT)
             self._flush_pending()
         return self.session
 
@@ -246,7 +247,7 @@ class SessionDecoder:
                     s.server_hello = ev.message
             elif isinstance(ev, ResponseHead):
                 ex = self._awaiting[0]
-                ex.rsp_offset, ex.rsp_size = start, 8
+                ex.rsp_offset, ex.rsp_size = start, RESPONSE_HEADER_SIZE
                 ex.data_length = ev.data_length
                 self._rsp_stream, self._rsp_hash = ex, Fnv1a64()
                 self._rsp_data = [] if ev.data_length <= self.keep_data else None

@@ -6,6 +6,8 @@ import struct
 from dataclasses import dataclass, field, replace
 
 from . import ggml
+from .wire import U64_MAX
+
 
 # id, type, buffer, ne[4], nb[4], op, op_params[16], flags, src[10], view_src, view_offs, data,
 # name[64], use_count (a padding word up to proto 5).
@@ -86,7 +88,6 @@ class RpcTensor:
                    use_count=use_count)
 
 
-U64 = (1 << 64) - 1
 
 
 def nbytes(t: RpcTensor) -> int:
@@ -105,7 +106,7 @@ def nbytes(t: RpcTensor) -> int:
         total = t.ne[0] * t.nb[0] // traits.blck_size
         for i in range(1, 4):
             total += (t.ne[i] - 1) * t.nb[i]
-    return total & U64
+    return total & U64_MAX
 
 
 def element_count(t: RpcTensor) -> int:

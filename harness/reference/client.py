@@ -25,7 +25,7 @@ from ..transport.base import Transport, TransportClosed
 from ..transport.tcp import TcpTransport
 from .errors import ReferencePeerError
 from .knobs import Misbehaviour
-from .profile import HASH_ALWAYS, HASH_IF_FLAG, Profile, profile_for
+from .behaviour_view import HASH_ALWAYS, HASH_IF_FLAG, BehaviourView, behaviour_view_for
 
 RECV_CHUNK = 1 << 20
 STREAM_RESPONSE_AT = 1 << 16  # GET_TENSOR answers at least this big are received in place
@@ -56,10 +56,10 @@ class ClientStats:
 
 class RefClient:
     def __init__(self, transport: Transport, dialect: Dialect | str, *,
-                 knobs: Misbehaviour | None = None, profile: Profile | None = None):
+                 knobs: Misbehaviour | None = None, behaviour: BehaviourView | None = None):
         self.tr = transport
         self.dialect = get_dialect(dialect)
-        self.profile = profile or profile_for(self.dialect)
+        self.behaviour = behaviour or behaviour_view_for(self.dialect)
         self.knobs = knobs or Misbehaviour()
         self.conn = ClientConnection(self.dialect, strict=not (self.knobs.skip_hello
                                                                or self.knobs.hello_twice))
@@ -185,7 +185,7 @@ class RefClient:
         return self._call(m.GetAllocSizeRequest(device, tensor, full)).alloc_size
 
     def _should_hash(self, size: int, weights: bool) -> bool:
-        policy = self.knobs.hash_policy or self.profile.client_hash
+        policy = self.knobs.hash_policy or self.behaviour.client_hash
         if policy == "never":
             return False
         if policy == "all-sizes":
@@ -230,7 +230,7 @@ class RefClient:
                 self.tr.flush()
                 self.tr.shutdown_write()
                 return
-            if self.profile.client_zero_copy:
+            if self.behaviour.client_zero_copy:
                 self.tr.sendall_parts([hdr, view])  # header, then the caller's bytes
             else:
                 self.tr.sendall(b"".join((hdr, view)))  # one staged message, as proto 7 did

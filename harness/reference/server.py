@@ -18,7 +18,7 @@ from typing import Callable, TextIO
 
 from ..transport.base import Listening, Transport
 from ..transport.tcp import TcpTransport
-from .profile import Profile, profile_for
+from .behaviour_view import BehaviourView, behaviour_view_for
 from .server_core import ServerConfig, ServerState
 from .server_protocol import ConnectionRecord, ServerProtocol, close_reason_of
 
@@ -29,12 +29,12 @@ MAX_RECORDS = 4096
 
 
 class ReferenceServer(Listening):
-    def __init__(self, config: ServerConfig, *, profile: Profile | None = None,
+    def __init__(self, config: ServerConfig, *, behaviour: BehaviourView | None = None,
                  host: str = "127.0.0.1", port: int = 0, serial: bool = False,
                  idle_timeout: float = 120.0, out: TextIO | None = None,
                  err: TextIO | None = None):
         self.config = config
-        self.profile = profile or profile_for(config.dialect)
+        self.behaviour = behaviour or behaviour_view_for(config.dialect)
         self.host, self.port = host, port
         self.serial = serial
         self.idle_timeout = idle_timeout
@@ -67,7 +67,7 @@ class ReferenceServer(Listening):
         for i in range(self.config.devices):
             self._log_out(f"  REF{i}: reference CPU ({self.config.memory_budget >> 20} MiB)")
         self._log_out(f"  transport      : TCP ({'serial' if self.serial else 'concurrent'}, "
-                      f"receive {self.profile.server_receive})")
+                      f"receive {self.behaviour.server_receive})")
 
     # ------------------------------------------------------------ lifecycle
     def bind(self) -> tuple[str, int]:
@@ -75,6 +75,7 @@ class ReferenceServer(Listening):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((self.host, self.port))
         s.listen(1 if self.serial else 64)
+        s.settimeout(0.2)  # the accept loop looks at the stop flag this often
         self._lsock = s
         self.port = s.getsockname()[1]
         return self.host, self.port
@@ -90,7 +91,6 @@ class ReferenceServer(Listening):
     def serve_forever(self) -> None:
         if self._lsock is None:
             self.bind()
-        self._lsock.settimeout(0.2)
         for sock, addr in self._accepted():
             tr = TcpTransport(sock, timeout=self.idle_timeout)
             peer = f"{addr[0]}:{addr[1]}"
@@ -120,7 +120,7 @@ class ReferenceServer(Listening):
         if len(self.connections) > 2 * MAX_RECORDS:  # trim in chunks: amortised O(1)
             del self.connections[:len(self.connections) - MAX_RECORDS]
         self._log_out("Accepted client connection")
-        return ServerProtocol(self.state, self.profile, rec, local_conn_caps=local_conn_caps)
+        return ServerProtocol(self.state, self.behaviour, rec, local_conn_caps=local_conn_caps)
 
     def finish_connection(self, proto: ServerProtocol,
                           close: Callable[[], None] | None = None) -> ConnectionRecord:

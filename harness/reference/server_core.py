@@ -15,10 +15,12 @@ from pathlib import Path
 from typing import Callable
 
 from ..proto import messages as m
-from ..proto.constants import SERVER_FLAG_CACHE, Cmd
+from ..proto.constants import GRAPH_CACHE_MAX, SERVER_FLAG_CACHE, Cmd
 from ..proto.dialects import Dialect
 from ..proto.ggml import TYPE_F16
-from ..proto.tensor import U64, RpcTensor, nbytes
+from ..proto.tensor import RpcTensor, nbytes
+from ..proto.wire import I64_MAX, U64_MAX
+from .behaviour_view import BehaviourView, behaviour_view_for
 from .cache import CacheWriter, HashCache
 from .comm import LinkError, PeerLink, is_loopback
 from .compute import ServerTensor, UnsupportedGraph, execute, supports_op
@@ -26,7 +28,6 @@ from .errors import ReferencePeerError
 from .knobs import Misbehaviour
 from .memory import ALIGNMENT, Buffer, MemoryPool, OutOfMemory
 
-INT64_MAX = (1 << 63) - 1
 # Knob amplify_set_tensor: at most this much per connection, so the planted bug shows as
 # amplification and stays below the fuzzer's memory bound (1 GiB by default).
 HOARD_CAP = 256 << 20
@@ -111,9 +112,11 @@ class SetTensorSink:
 class ServerSession:
     """One client connection: its buffers and stored graphs."""
 
-    def __init__(self, state: ServerState):
+    def __init__(self, state: ServerState, behaviour: BehaviourView | None = None):
         self.state = state
         self.dialect = state.dialect
+        # what this peer does beyond the message formats: the row's, or a test's override
+        self.behaviour = behaviour or behaviour_view_for(state.dialect)
         self.buffers: dict[int, Buffer] = {}
         # 7.x: one stored graph per device; 8.x: per (device, uid), up to GRAPH_CACHE_MAX
         self.graphs: dict[tuple[int, int], list] = {}
@@ -163,14 +166,14 @@ class ServerSession:
             raise Close(f"{where} invalid tensor type received (blck_size is 0): {rec.type}",
                         cmd.value)
         count = rec.ne[0] * rec.ne[1] * rec.ne[2] * rec.ne[3]
-        if count > INT64_MAX:
+        if count > I64_MAX:
             raise Close(f"{where} element count {count} overflows int64", cmd.value)
         buf = self.buffers.get(rec.buffer) if rec.buffer else None
         unchecked = unchecked or self._unchecked_after_free(rec)
         if buf is not None and count and not unchecked:
             size = nbytes(rec)
             slack = self.state.config.knobs.tensor_bounds_slack
-            if rec.data + size > U64 or not buf.contains(rec.data, max(size - slack, 0)):
+            if rec.data + size > U64_MAX or not buf.contains(rec.data, max(size - slack, 0)):
                 # 7.0.0 aborts on this GGML_ASSERT; 8.0.0 closes; the reference closes.
                 raise Close(f"{where} tensor data [0x{rec.data:x}, +{size}) outside its buffer "
                             f"[0x{buf.base:x}, +{buf.size})", cmd.value)
@@ -195,17 +198,17 @@ class ServerSession:
         whether a planted knob let the region through unchecked (access it clamped)."""
         buf = t.buffer
         p0, p1 = buf.base, buf.base + buf.size
-        start = (t.rec.data + offset) & U64
+        start = (t.rec.data + offset) & U64_MAX
         if self._region_unchecked(t, offset, n, cmd):
             return start, True
-        if start < p0 or start >= p1 or n > ((p1 - start) & U64):
+        if start < p0 or start >= p1 or n > ((p1 - start) & U64_MAX):
             raise Close(f"[{cmd.value.lower()}] tensor data region (data=0x{t.rec.data:x}, "
                         f"offset={offset}, size={n}) out of buffer bounds "
                         f"[0x{p0:x}, 0x{p1:x})", cmd.value)
         # ggml_backend_tensor_set/get then assert offset + size <= nbytes (7.0.0 aborts there),
         # in size_t: an offset that wraps the address back into the buffer passes it and the
         # real server writes / reads at the wrapped address (p7 and p8 both do)
-        if n and (offset + n) & U64 > nbytes(t.rec):
+        if n and (offset + n) & U64_MAX > nbytes(t.rec):
             raise Close(f"[{cmd.value.lower()}] region offset={offset} size={n} beyond tensor "
                         f"nbytes {nbytes(t.rec)}", cmd.value)
         return start, False
@@ -277,7 +280,7 @@ class ServerSession:
 
     def _get_max_size(self, msg):
         self._device(msg.device, Cmd.GET_MAX_SIZE)
-        return m.GetMaxSizeResponse(U64)  # the CPU backend has no limit
+        return m.GetMaxSizeResponse(U64_MAX)  # the CPU backend has no limit
 
     def _get_device_memory(self, msg):
         self._device(msg.device, Cmd.GET_DEVICE_MEMORY)
@@ -308,7 +311,7 @@ class ServerSession:
         if self.state.config.knobs.claim_cache_hit:
             return m.SetTensorHashResponse(1)
         t = None
-        if self.dialect.peer.server_hash_checks_tensor:
+        if self.behaviour.server_hash_checks_tensor:
             t = self._live_tensor(msg.tensor, Cmd.SET_TENSOR_HASH)
         size = cache.size(msg.hash) if cache is not None else None
         if size is None:
@@ -338,7 +341,7 @@ class ServerSession:
             raise Close("[copy_tensor] error deserializing tensors", Cmd.COPY_TENSOR.value)
         n = nbytes(src.rec)
         # the real check bounds the end only, in u64 (an empty src anywhere below passes)
-        if (dst.rec.data + n) & U64 > dst.buffer.base + dst.buffer.size or \
+        if (dst.rec.data + n) & U64_MAX > dst.buffer.base + dst.buffer.size or \
                 (n and not dst.buffer.contains(dst.rec.data, n)):
             raise Close("[copy_tensor] out-of-bounds write in rpc_server::copy_tensor",
                         Cmd.COPY_TENSOR.value)
@@ -370,7 +373,7 @@ class ServerSession:
     def _memset_tensor(self, msg):
         t = self._live_tensor(msg.tensor, Cmd.MEMSET_TENSOR)
         if self._region_unchecked(t, msg.offset, msg.size, Cmd.MEMSET_TENSOR):
-            t.buffer.write_clamped((msg.tensor.data + msg.offset) & U64,
+            t.buffer.write_clamped((msg.tensor.data + msg.offset) & U64_MAX,
                                    bytes([msg.value]) * msg.size)
             return
         size = nbytes(t.rec)
@@ -403,7 +406,7 @@ class ServerSession:
         self._run(nodes)
         if self.dialect.graph_uid:
             if msg.uid:
-                if len([k for k in self.graphs if k[0] == msg.device]) >= 1024:
+                if len([k for k in self.graphs if k[0] == msg.device]) >= GRAPH_CACHE_MAX:
                     for k in [k for k in self.graphs if k[0] == msg.device]:
                         del self.graphs[k]  # full: both sides clear the device's cache
                 self.graphs[(msg.device, msg.uid)] = nodes
@@ -488,7 +491,7 @@ class ServerSession:
             raise Close(f"{where} payload of {data_len} bytes, expected {total}", cmd.value)
         t = self._live_tensor(msg.tensor, cmd)
         span = msg.offset + (msg.n_copies - 1) * msg.stride + msg.size
-        if span > U64 or msg.stride > U64:
+        if span > U64_MAX or msg.stride > U64_MAX:
             raise Close(f"{where} span overflows", cmd.value)
         start = t.rec.data + msg.offset
         if not t.buffer.contains(start, span - msg.offset):

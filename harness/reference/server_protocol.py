@@ -25,8 +25,9 @@ from ..proto import (NEED_DATA, ConnectionClosed, EndOfMessage, Request, Request
                      ServerConnection)
 from ..proto.constants import Cmd
 from ..proto.errors import ProtocolError
+from ..proto.wire import RESPONSE_HEADER_SIZE, U64
 from ..transport.base import TransportClosed
-from .profile import RECEIVE_STREAMED, Profile
+from .behaviour_view import RECEIVE_STREAMED, BehaviourView
 from .server_core import Close, ServerSession, ServerState, SetTensorSink
 
 DISCARD_CHUNK = 1 << 20  # scratch for payloads the old server reads only to drop them
@@ -74,15 +75,15 @@ class ServerProtocol:
     response and the next read, spec 10.1). ``pump`` does all three in order.
     """
 
-    def __init__(self, state: ServerState, profile: Profile, record: ConnectionRecord, *,
+    def __init__(self, state: ServerState, behaviour: BehaviourView, record: ConnectionRecord, *,
                  local_conn_caps: bytes | None = None):
         self.state = state
         self.config = state.config
         self.knobs = state.config.knobs
         self.record = record
-        self.session = ServerSession(state)
+        self.session = ServerSession(state, behaviour)
         self.session.local_conn_caps = local_conn_caps
-        self.streamed = profile.server_receive == RECEIVE_STREAMED
+        self.streamed = behaviour.server_receive == RECEIVE_STREAMED
         # A streamed payload lands in a buffer, so nothing larger than all memory can fit.
         self.conn = ServerConnection(self.config.dialect, max_payload=self.config.max_payload,
                                      max_stream=self.config.memory_budget,
@@ -270,8 +271,9 @@ class ServerProtocol:
                 msg.cmd is Cmd.HELLO and self.knobs.hello_response_size is not None):
             frame = self.conn.send(rsp)
             n = (self.knobs.hello_response_size if msg.cmd is Cmd.HELLO
-                 and self.knobs.hello_response_size is not None else len(frame) - 8 + 1)
-            self._responses.append([n.to_bytes(8, "little") + frame[8:]])
+                 and self.knobs.hello_response_size is not None
+                 else len(frame) - RESPONSE_HEADER_SIZE + 1)
+            self._responses.append([U64.pack(n) + frame[RESPONSE_HEADER_SIZE:]])
         else:
             self._responses.append(self.conn.send_parts(rsp))
         if msg.cmd is Cmd.HELLO:

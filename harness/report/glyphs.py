@@ -3,6 +3,8 @@ characters for the terminal and Markdown."""
 
 from __future__ import annotations
 
+# every verdict a cell can have, in the order reports list them (harness.matrix.verdict names
+# each one)
 VERDICTS = ("pass", "fail", "crash", "hang", "error", "skip")
 
 # One column wide in a terminal (no emoji), so rich grids keep their alignment.

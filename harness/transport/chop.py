@@ -25,7 +25,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..proto.wire import U64
+from ..proto.wire import FrameHead, FrameWalker
 from ..proto.constants import CONN_CAPS_SIZE, HELLO_ID
 from ..proto.tensor import TENSOR_SIZE
 
@@ -75,52 +75,13 @@ class Delivery:
         return d
 
 
-class _FrameCursor:
-    """Tracks frame boundaries in one direction from the length prefixes."""
-
-    def __init__(self, requests: bool):
-        self.requests = requests
-        self.hdr = 9 if requests else 8
-        self.pos = 0  # stream offset
-        self.frame_start = 0
-        self.frame_end: int | None = None  # known once the header is in
-        self.index = 0  # frames completed
-        self._head = bytearray()
-
-    def advance(self, data: bytes) -> list[tuple[int, int, int, int | None, int]]:
-        """Feed bytes; returns (start, header_end, end, cmd, index) for every frame whose
-        header completed within ``data``."""
-        found = []
-        i, n = 0, len(data)
-        while i < n:
-            if self.frame_end is None:
-                take = min(self.hdr - len(self._head), n - i)
-                self._head += data[i:i + take]
-                i += take
-                self.pos += take
-                if len(self._head) == self.hdr:
-                    (length,) = U64.unpack_from(self._head, self.hdr - 8)
-                    cmd = self._head[0] if self.requests else None
-                    self.frame_end = self.frame_start + self.hdr + length
-                    found.append((self.frame_start, self.frame_start + self.hdr, self.frame_end,
-                                  cmd, self.index))
-            else:
-                take = min(self.frame_end - self.pos, n - i)
-                i += take
-                self.pos += take
-            if self.frame_end is not None and self.pos >= self.frame_end:
-                self.frame_start, self.frame_end = self.pos, None
-                self._head.clear()
-                self.index += 1
-        return found
-
-
-def _boundaries(start: int, header_end: int, end: int, cmd: int | None, limit: int) -> list[int]:
+def _boundaries(frame: FrameHead, limit: int) -> list[int]:
     """Cut points inside one frame: header and field edges, every byte for small frames."""
+    start, header_end, end = frame.start, frame.payload, frame.end
     if end - start <= limit:
         return list(range(start + 1, end))
     cuts = {start + 1, header_end - 4, header_end}
-    if cmd is not None:  # requests: the rpc_tensor and the fields after it
+    if frame.cmd is not None:  # requests: the rpc_tensor and the fields after it
         for off in (8, 12, 20, 52, 120, 220, TENSOR_SIZE, TENSOR_SIZE + 1, TENSOR_SIZE + 9):
             cuts.add(header_end + off)
     cuts.add(end - 1)
@@ -134,14 +95,14 @@ class _Direction(threading.Thread):
         self.src, self.dst, self.plan, self.log = src, dst, plan, log
         self.requests = requests
         self.label = "c2s" if requests else "s2c"
-        self.cursor = _FrameCursor(requests)
-        self.frames: list[tuple[int, int, int, int | None, int]] = []  # not yet fully sent
+        self.walker = FrameWalker(requests)
+        self.frames: list[FrameHead] = []  # not yet fully sent
         self.rng = random.Random(plan.seed)
         self.sent = 0
         self.idle = idle
 
-    def _rewrites_for(self, frame) -> list[tuple[int, bytes]]:
-        start, payload, end, cmd, index = frame
+    def _rewrites_for(self, frame: FrameHead) -> list[tuple[int, bytes]]:
+        payload, cmd, index = frame.payload, frame.cmd, frame.index
         r = self.plan.rewrites
         out = []
         if self.requests:
@@ -180,9 +141,8 @@ class _Direction(threading.Thread):
                 cuts.append(i)
         if mode == "boundaries":
             cuts = set()
-            for start, hdr_end, end, cmd, _ in self.frames:
-                cuts.update(c - base for c in _boundaries(start, hdr_end, end, cmd,
-                                                          self.plan.byte_limit))
+            for frame in self.frames:
+                cuts.update(c - base for c in _boundaries(frame, self.plan.byte_limit))
             return sorted(c for c in cuts if 0 < c < n)
         return []
 
@@ -194,11 +154,11 @@ class _Direction(threading.Thread):
                 if not data:
                     break
                 buf = bytearray(data)
-                base = self.cursor.pos
-                self.frames += self.cursor.advance(data)
+                base = self.walker.pos
+                self.frames += [p.frame for p in self.walker.feed(data) if p.header and p.frame]
                 self._apply_rewrites(buf, base)
                 edges = [0] + self._cuts(base, len(buf)) + [len(buf)]
-                self.frames = [f for f in self.frames if f[2] > base + len(buf)]
+                self.frames = [f for f in self.frames if f.end > base + len(buf)]
                 for a, b in zip(edges, edges[1:]):
                     seg = bytes(buf[a:b])
                     limit = self.plan.truncate_at

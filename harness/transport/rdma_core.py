@@ -23,7 +23,6 @@ direction of the data path in memory (the fuzzing model); the threaded wires are
 
 from __future__ import annotations
 
-import struct
 from collections import deque
 from dataclasses import dataclass, fields, replace
 from functools import lru_cache
@@ -32,7 +31,8 @@ from typing import Iterator, Sequence
 from ..proto.behaviour import (APP, C_NEW, PARTIAL, RDMA_PROTO7, RDMA_SEED000, RDMA_V9,
                                RECV_POLICIES, WHOLE_COMPLETION, WRITES, RdmaGeneration)
 from ..proto.constants import RDMA_CHUNK, RDMA_RX_RING, SET_TENSOR_HEADER_SIZE, Cmd
-from ..proto.dialects import D700, Dialect, get_dialect
+from ..proto.dialects import DEFAULT, Dialect, get_dialect
+from ..proto.wire import LENGTH_SIZE, U64
 from .base import TransportError
 from .caps import LINUX, MACOS
 
@@ -148,7 +148,7 @@ class CallCutter:
     """
 
     def __init__(self, direction: str, *, split_set_tensor: bool = False,
-                 data_piece: int | None = None, dialect: Dialect | str = D700):
+                 data_piece: int | None = None, dialect: Dialect | str = DEFAULT):
         if direction not in (REQUEST, RESPONSE):
             raise ValueError(f"direction must be {REQUEST!r} or {RESPONSE!r}")
         self.direction = direction
@@ -182,7 +182,7 @@ class CallCutter:
         if self.direction == REQUEST:
             self._set("cmd", 1)
         else:
-            self._set("len", 8)
+            self._set("len", LENGTH_SIZE)
 
     def advance(self, data) -> list[tuple[int, bool]]:
         """Consume ``data``; returns its segments as ``(length, ends_a_call)``."""
@@ -207,9 +207,9 @@ class CallCutter:
     def _next_call(self) -> None:
         kind = self._kind
         if kind == "cmd":
-            self._set("len", 8)
+            self._set("len", LENGTH_SIZE)
         elif kind == "len":
-            (length,) = struct.unpack("<Q", self._len)
+            (length,) = U64.unpack(self._len)
             self._len.clear()
             if length == 0:
                 self._start_frame()
@@ -228,7 +228,7 @@ class CallCutter:
 
 
 def make_cutter(calls: str, direction: str, *, data_piece: int | None = None,
-                dialect: Dialect | str = D700) -> CallCutter | None:
+                dialect: Dialect | str = DEFAULT) -> CallCutter | None:
     """The C call plan for ``calls`` (c-old, c-new), or None for the caller's own boundaries."""
     if calls in (WRITES, APP):
         return None
@@ -386,7 +386,7 @@ def simulate_transfer(stream: bytes, *, write_sizes: Sequence[int] | None = None
                       recv_policy: str = PARTIAL, send_framing: str = WRITES,
                       read_calls: str = APP, direction: str = REQUEST,
                       on_oversize: str = "raise", data_read_piece: int | None = None,
-                      dialect: Dialect | str = D700) -> TransferResult:
+                      dialect: Dialect | str = DEFAULT) -> TransferResult:
     """One direction of the data path without threads: the fuzzing model.
 
     The sender writes ``stream`` in ``write_sizes`` pieces (each a send_data call when

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..capture.transcript import C2S, S2C, Transcript
-from ..proto.dialects import D700, Dialect
+from ..proto.dialects import DEFAULT, Dialect
 from .base import Listening, TransportClosed
 from .caps import (ADVERTISE, MACOS, WITHHOLD, activates, advertised_caps, gid_for_ipv4,
                    pack_linux, pack_macos, probe_ok, supports_rdma, unpack)
@@ -65,7 +65,7 @@ class RdmaEmuEndpoint:
 
     def __init__(self, tcp: TcpTransport, wire: Wire, config: RdmaConfig = OLD, *,
                  role: str, caps_policy: str = ADVERTISE, timeout: float | None = None,
-                 transcript: Transcript | None = None, dialect: Dialect | str = D700):
+                 transcript: Transcript | None = None, dialect: Dialect | str = DEFAULT):
         if role not in (CLIENT, SERVER):
             raise ValueError(f"role must be {CLIENT!r} or {SERVER!r}")
         probe_ok(caps_policy)  # validates the policy name
@@ -342,7 +342,7 @@ class EmuPair:
 def emu_pair(client: RdmaConfig = OLD, server: RdmaConfig = OLD, *, fabric: str = MEMORY,
              client_policy: str = ADVERTISE, server_policy: str = ADVERTISE,
              timeout: float | None = None, record: bool = False,
-             dialect: Dialect | str = D700) -> EmuPair:
+             dialect: Dialect | str = DEFAULT) -> EmuPair:
     """Two connected endpoints (client, server) in this process."""
     cq, sq = next_qpn(), next_qpn()
     cwire, swire = make_wires(fabric, cq, sq)
@@ -390,7 +390,7 @@ RdmaEndpoint = RdmaEmuEndpoint
 
 def connect_emu(host: str, port: int, config: RdmaConfig = OLD, *, caps_policy: str = ADVERTISE,
                 fabric: str = MEMORY, timeout: float | None = None, record: bool = False,
-                dialect: Dialect | str = D700, connect_timeout: float = 10.0) -> RdmaEmuEndpoint:
+                dialect: Dialect | str = DEFAULT, connect_timeout: float = 10.0) -> RdmaEmuEndpoint:
     """Connect to an :class:`RdmaEmuListener` of this process (the fabric is in-process)."""
     sock = socket.create_connection((host, port), timeout=connect_timeout)
     cq, sq = next_qpn(), next_qpn()
@@ -412,7 +412,7 @@ class RdmaEmuListener(Listening):
     def __init__(self, serve: Callable[[RdmaEmuEndpoint, str], object], config: RdmaConfig = OLD,
                  *, caps_policy: str = ADVERTISE, host: str = "127.0.0.1", port: int = 0,
                  timeout: float | None = None, record: bool = False,
-                 dialect: Dialect | str = D700, pair_timeout: float = 5.0,
+                 dialect: Dialect | str = DEFAULT, pair_timeout: float = 5.0,
                  wire_factory: Callable[[socket.socket], Wire] | None = None):
         self.serve = serve
         self.wire_factory = wire_factory  # e.g. a real RC QP (harness.transport.verbs)

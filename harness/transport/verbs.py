@@ -39,7 +39,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..proto.dialects import D700, Dialect
+from ..proto.dialects import DEFAULT, Dialect
 from ..transport.tcp import TcpTransport
 from .caps import ADVERTISE, WITHHOLD, LinuxCaps, MacCaps, gid_for_ipv4
 from .rdma_core import OLD, RdmaConfig, RdmaError
@@ -370,7 +370,7 @@ def _policy(caps_policy: str) -> str:
 def verbs_endpoint(tcp: TcpTransport, config: RdmaConfig = OLD, *, role: str = CLIENT,
                    caps_policy: str = ADVERTISE, require: bool = True,
                    timeout: float | None = None, transcript=None,
-                   dialect: Dialect | str = D700) -> RdmaEndpoint:
+                   dialect: Dialect | str = DEFAULT) -> RdmaEndpoint:
     """An endpoint over a real RC QP on the device that carries the TCP socket's address.
 
     ``require=False`` falls back like a C peer whose probe failed: zero caps, TCP only; the
@@ -408,7 +408,7 @@ def connect_verbs(host: str, port: int, config: RdmaConfig = OLD, *, require: bo
 
 def verbs_listener(serve, config: RdmaConfig = OLD, *, host: str = "127.0.0.1", port: int = 0,
                    caps_policy: str = ADVERTISE, timeout: float | None = None,
-                   record: bool = False, dialect: Dialect | str = D700) -> RdmaEmuListener:
+                   record: bool = False, dialect: Dialect | str = DEFAULT) -> RdmaEmuListener:
     """Server side: every accepted connection gets its own QP (``serve`` as in the emulator's
     listener, e.g. ``ReferenceServer.serve_transport``). Without a device the connection is
     served on TCP with zero caps and the reason lands in ``listener.notes``."""

@@ -171,7 +171,7 @@ def rss_baseline_mb(binary: Path, dialect: str, work: Path, env: dict[str, str])
     the kernel's VmHWM of the running target: libFuzzer's own peak_rss_mb comes from
     getrusage, which keeps the peak of the process that started it (the harness) across
     exec."""
-    from ..strategies import hello_request_frame
+    from ...strategies import hello_request_frame
     hello = work / "hello.input"
     hello.write_bytes(hello_request_frame(dialect))
     try:

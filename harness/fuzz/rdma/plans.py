@@ -2,7 +2,7 @@
 
 A case is what one connection of the fuzzer (the RDMA peer of a real server) does after HELLO
 and setup: the request frames (drawn from the valid-message strategies of
-:mod:`harness.fuzz.strategies`, against sentinel buffers relocated at run time, see
+:mod:`harness.strategies`, against sentinel buffers relocated at run time, see
 :mod:`harness.fuzz.case`) end with a probe (``SET_TENSOR`` + ``GET_TENSOR`` of a buffer no other
 request touches) whose answer must be the bytes written; the SEND plan says how the stream goes
 out: the sizes of the fuzzer's ``send_data`` writes (each cut into SENDs of at most ``chunk``
@@ -10,7 +10,7 @@ bytes), and what else the fuzzer does to the transport (a SEND ring of 8, a TCP 
 SENDs in flight, receives it stops posting, receive slots smaller than the server's SENDs).
 
 Every plan is one function registered with :func:`send_plan`, like the TCP campaigns'
-mutations (:func:`harness.fuzz.strategies.mutation`): the campaign draws from
+mutations (:func:`harness.strategies.mutation`): the campaign draws from
 :data:`SEND_PLANS`, the report's coverage counts against :func:`plan_catalogue`, nothing else
 lists them. :func:`predict` is the emulation's view of a case (:func:`simulate_transfer` of
 each receiver generation), kept with every finding.
@@ -23,16 +23,16 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from ...proto import DEFAULT, get_dialect
+from ...proto import DEFAULT, DIALECTS, get_dialect
 from ...proto import messages as m
 from ...proto.codec import pack_request
 from ...proto.constants import RDMA_CHUNK, Cmd
 from ...proto.tensor import RpcTensor
 from ...proto import ggml
-from ...proto.behaviour import C_NEW, C_OLD, PARTIAL, WHOLE_COMPLETION
+from ...proto.behaviour import C_NEW, WHOLE_COMPLETION
 from ...transport.rdma_core import REQUEST, CallCutter, simulate_transfer
 from ..case import BASE, HANDLE, Step, annotate, sentinel, step
-from ..strategies import BufferRegion, hello_request_frame, messages
+from ...strategies import BufferRegion, hello_request_frame, messages
 
 DIALECT = DEFAULT.name  # the RDMA transport exists from 4.0.2; the fuzzed servers speak it
 # Buffer 0 holds the drawn requests' tensors, buffer 1 only the probe's.
@@ -158,7 +158,7 @@ def plan_catalogue() -> list[dict]:
             for p in SEND_PLANS.values()]
 
 
-def read_calls(stream: bytes, calls: str = C_OLD) -> list[int]:
+def read_calls(stream: bytes, calls: str = DEFAULT.rdma.read_calls) -> list[int]:
     """The sizes of a C receiver's ``recv_data`` calls over ``stream`` (7.0.0: cmd, len,
     payload; seed 000: the SET_TENSOR payload as header + data)."""
     cutter = CallCutter(REQUEST, split_set_tensor=calls == C_NEW)
@@ -386,10 +386,19 @@ def with_requests(case: RdmaCase, keep: list[int]) -> RdmaCase:
 
 # ---------------------------------------------------------------- the emulation's view
 
-OLD_RECEIVER = "7.0.0 (whole-completion receive)"
-RECEIVERS = {OLD_RECEIVER: dict(recv_policy=WHOLE_COMPLETION,
-                                                      read_calls=C_OLD),
-             "seed 000 (partial receive)": dict(recv_policy=PARTIAL, read_calls=C_NEW)}
+def _receivers() -> dict[str, dict]:
+    """The receive generations of the primary rows, each under the first row that has it:
+    ``"<row> (<policy> receive)"`` -> its receive policy and read calls."""
+    out: dict[str, dict] = {}
+    for d in DIALECTS.values():
+        how = dict(recv_policy=d.rdma.recv_policy, read_calls=d.rdma.read_calls)
+        if d.primary and how not in out.values():
+            out[f"{d.name} ({d.rdma.recv_policy} receive)"] = how
+    return out
+
+
+RECEIVERS = _receivers()
+OLD_RECEIVER = next(k for k, v in RECEIVERS.items() if v["recv_policy"] == WHOLE_COMPLETION)
 
 
 def predict(case: RdmaCase) -> dict[str, str]:

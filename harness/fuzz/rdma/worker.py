@@ -59,7 +59,7 @@ def _connect(endpoint: str, timeout: float, **cfg):
     return connect_verbs(host, int(port), config, timeout=timeout)
 
 
-def run_case(req: dict) -> dict:
+def run_rdma_case(req: dict) -> dict:
     from ...proto import get_dialect
     from ...transport.rdma_core import SendFramer
     from ..case import BASE, HANDLE, relocate
@@ -170,7 +170,7 @@ def _guarded(fn) -> dict:
         return {"verdict": "closed", "stage": stage[0], "why": f"{type(e).__name__}: {e}"[:200]}
 
 
-OPS = {"case": run_case, "liveness": run_liveness}
+OPS = {"case": run_rdma_case, "liveness": run_liveness}
 
 
 def main() -> None:

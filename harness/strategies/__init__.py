@@ -1,6 +1,13 @@
-"""Hypothesis strategies for ggml-rpc messages, frames, graphs and structured mutations.
+"""Hypothesis strategies for ggml-rpc messages, frames, graphs and structured mutations, and the
+mutation registry. Import from here in your own tests::
 
-Public as ``harness.strategies``. Two families:
+    from hypothesis import given
+    from harness import strategies as rst
+
+    @given(rst.request_frames("7.0.0"))
+    def test_my_server_survives(frame): ...
+
+Two families:
 
 * **Valid data** -- :func:`rpc_tensors`, :func:`messages`, :func:`exchanges`,
   :func:`request_frames`, :func:`response_frames`, :func:`graphs`, :func:`sessions`
@@ -26,14 +33,14 @@ Dialect arguments accept a :class:`~harness.proto.Dialect` or any name/alias
 
 from __future__ import annotations
 
-from ...proto.constants import Cmd
-from ...proto.dialects import Dialect
+from ..proto.constants import Cmd
+from ..proto.dialects import Dialect
 from .basics import (INVALID_TYPE_IDS, REMOVED_TYPE_IDS, VALID_TYPE_IDS, BufferRegion, Buffers,
                      buffer_regions, conn_caps, dialects, rpc_tensors, tensor_names, type_ids)
 from .graphs import GRAPH_SHAPES, graphs
 from .messages import (REQUEST_DRAWERS, RESPONSE_DRAWERS, exchanges, hello_request_frame,
                        messages, request_frames, response_frames, sessions)
-from .registry import (DESCRIPTION_KEYS, MUTATION_KINDS, MUTATIONS, Mutation, MutationOp, Site,
+from .registry import (DESCRIPTION_KEYS, MUTATION_KINDS, MUTATIONS, Mutation, MutationOp, MutationSite,
                        candidates, check_description, mutation, mutation_catalogue, mutations,
                        strategy_of, tensor_mutation, unregister, whats)
 from . import boundaries as _boundaries, fields as _fields, flags as _flags, framing as _framing  # noqa: F401 - register
@@ -50,7 +57,7 @@ __all__ = [
     "mutation_catalogue", "check_description", "DESCRIPTION_KEYS", "MUTATION_KINDS",
     "FRAMING_WHATS", "FLAG_WHATS", "FIELD_WHATS",
     # the registry
-    "MUTATIONS", "MutationOp", "Site", "candidates", "mutation", "tensor_mutation", "unregister",
+    "MUTATIONS", "MutationOp", "MutationSite", "candidates", "mutation", "tensor_mutation", "unregister",
     "whats",
 ]
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.dialects import DEFAULT, Dialect, get_dialect
-from ...proto.messages import GraphComputeRequest
-from ...proto.tensor import RpcTensor, nbytes
+from ..proto import ggml
+from ..proto.dialects import DEFAULT, Dialect, get_dialect
+from ..proto.messages import GraphComputeRequest
+from ..proto.tensor import RpcTensor, nbytes
 from .basics import (U64_MAX, BufferRegion, Buffers, _BINARY_OPS, _OP_VIEW, _UNARY_OPS,
                      _heap_pointers, _pad_name, _regions, _strides_for, buffer_regions)
 

@@ -1,5 +1,6 @@
-"""Conformance cases for what 8.0.0 added or changed: 2D transfers, graphs keyed by uid, the
-graph cache limit, communicator commands without a communicator, and tensor validation.
+"""Conformance cases of the features a row may have beyond the 7.0.0 catalogue (each gated by
+``needs=``, a predicate on the row): 2D transfers, graphs keyed by uid, the graph cache limit,
+communicator commands without a communicator, and tensor validation. 8.0.0 brought them all.
 
 Outcomes were recorded from the real 8.0.0 build (pin p8,
 harness/data/vectors/conformance-8.0.0.json, written by ``python -m
@@ -13,12 +14,13 @@ from __future__ import annotations
 import struct
 
 from ..proto import Cmd, ggml, messages as m
+from ..proto.constants import GRAPH_CACHE_MAX
+from ..proto.wire import request_frame
 from .cases import (GRAPH_UID, HASH_CHECKS_TENSOR, TENSOR_BOUNDS_CLOSE, CaseError, _check,
-                    _f32, _frame, case, has_command, ids_end_at)
+                    _f32, case, has_command, ids_end_at)
 from .raw import CLOSED, OPEN, RawSession
 
 ADD = ggml.OP["ADD"]
-GRAPH_CACHE_MAX = 1024  # spec 12.2: graphs cached per device before the cache is cleared
 
 
 def _opened(new) -> tuple[RawSession, int, int]:
@@ -139,7 +141,7 @@ _bad_2d("2d-span-outside-tensor", "second copy past the tensor, inside the buffe
       "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
-    s.send(_frame(18, bytes(327)))
+    s.send(request_frame(18, bytes(327)))
     return s
 
 
@@ -160,7 +162,7 @@ _bad_get_2d("get-2d-outside-buffer", "second copy past the buffer", 8, 2, 250)
       "GET_TENSOR_2D", needs=has_command(Cmd.GET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
-    s.send(_frame(19, bytes(329)))
+    s.send(request_frame(19, bytes(329)))
     return s
 
 
@@ -276,7 +278,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(16, bytes(4)))
+    s.send(request_frame(16, bytes(4)))
     return s
 
 
@@ -293,7 +295,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(10, struct.pack("<III", 0, 0, 0)))
+    s.send(request_frame(10, struct.pack("<III", 0, 0, 0)))
     return s
 
 
@@ -328,5 +330,5 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(_frame(23))
+    s.send(request_frame(23))
     return s

@@ -15,9 +15,9 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from ...proto.codec import pack_request, pack_response
-from ...proto.constants import CONN_CAPS_SIZE, Cmd
-from ...proto.messages import HelloRequest, HelloResponse
+from ..proto.codec import pack_request, pack_response
+from ..proto.constants import CONN_CAPS_SIZE, Cmd
+from ..proto.messages import HelloRequest, HelloResponse
 from .registry import mutation
 
 _HELLO_FLAG_BYTES = (0x00, 0x01, 0x02, 0x80, 0xFF)

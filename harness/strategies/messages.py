@@ -8,11 +8,11 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.codec import has_response, pack_request, pack_response
-from ...proto.constants import SERVER_FLAG_CACHE, Cmd
-from ...proto.dialects import Dialect, get_dialect
-from ...proto.messages import (AllocBufferRequest, AllocBufferResponse, BufferClearRequest,
+from ..proto import ggml
+from ..proto.codec import has_response, pack_request, pack_response
+from ..proto.constants import SERVER_FLAG_CACHE, Cmd
+from ..proto.dialects import Dialect, get_dialect
+from ..proto.messages import (AllocBufferRequest, AllocBufferResponse, BufferClearRequest,
                                BufferGetBaseResponse, CommAllreduceRequest, CommInitRequest,
                                CommInitResponse, CopyTensorRequest, CopyTensorResponse,
                                DeviceCountRequest, DeviceCountResponse, EmptyResponse,
@@ -23,7 +23,7 @@ from ...proto.messages import (AllocBufferRequest, AllocBufferResponse, BufferCl
                                InitTensorRequest, Message, MemsetTensorRequest,
                                SetTensor2DRequest, SetTensorHashRequest, SetTensorHashResponse,
                                SetTensorRequest, SupportsOpRequest, SupportsOpResponse, spec_for)
-from ...proto.tensor import RpcTensor, nbytes
+from ..proto.tensor import RpcTensor, nbytes
 from .basics import (U8_MAX, U64_MAX, BufferRegion, Buffers, _BINARY_OPS, _draw_tensor,
                      _heap_pointers, _place, _regions, _sampled, conn_caps, tensor_names)
 from .graphs import _draw_graph

@@ -24,11 +24,11 @@ from dataclasses import replace
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.codec import REQUEST_HEADER_SIZE, pack_request
-from ...proto.constants import Cmd
-from ...proto.messages import spec_for
-from ...proto.tensor import nbytes
+from ..proto import ggml
+from ..proto.codec import REQUEST_HEADER_SIZE, pack_request
+from ..proto.constants import Cmd
+from ..proto.messages import spec_for
+from ..proto.tensor import nbytes
 from .basics import (I32_MAX, I32_MIN, INVALID_TYPE_IDS, REMOVED_TYPE_IDS, U32_MAX, U64_MAX,
                      VALID_TYPE_IDS, _tensor_nbytes, tensor_names)
 from .graphs import _CHAIN_DEPTHS, _CHAIN_LISTINGS, _deep_chain, _draw_graph

@@ -8,15 +8,12 @@ from typing import Iterable, NamedTuple, Sequence, Union
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.constants import CONN_CAPS_SIZE
-from ...proto.dialects import DIALECTS, Dialect, get_dialect
-from ...proto.tensor import RpcTensor, nbytes
+from ..proto import ggml
+from ..proto.constants import CONN_CAPS_SIZE
+from ..proto.dialects import DIALECTS, Dialect, get_dialect
+from ..proto.tensor import RpcTensor, nbytes
+from ..proto.wire import I32_MAX, I32_MIN, U8_MAX, U32_MAX, U64_MAX  # noqa: F401 - re-exported
 
-U8_MAX = 0xFF
-U32_MAX = 0xFFFF_FFFF
-U64_MAX = 0xFFFF_FFFF_FFFF_FFFF
-I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 
 VALID_TYPE_IDS: tuple[int, ...] = tuple(i for i, t in enumerate(ggml.TYPES) if t.blck_size)
 REMOVED_TYPE_IDS: tuple[int, ...] = tuple(i for i, t in enumerate(ggml.TYPES) if not t.blck_size)

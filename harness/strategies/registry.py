@@ -9,7 +9,8 @@
 Everything else is derived from :data:`MUTATIONS`: the candidates each strategy samples from
 (:func:`candidates`), the catalogue a fuzz report measures coverage against
 (:func:`mutation_catalogue`, with the fields each operator can touch per command), the
-description check (:func:`check_description`) and the public ``*_WHATS`` lists.
+description check (:func:`check_description`), the public ``*_WHATS`` lists, and what the
+tests and the generator expect of a framing mutation (``refused_at``, ``may_wait``).
 ``@tensor_mutation`` registers a field mutation of one ``rpc_tensor`` for every command that
 carries tensors.
 """
@@ -21,11 +22,11 @@ from typing import Callable, Iterable, NamedTuple
 
 from hypothesis import strategies as st
 
-from ...proto.codec import pack_request
-from ...proto.constants import Cmd
-from ...proto.dialects import DIALECTS, Dialect, get_dialect
-from ...proto.messages import TENSOR, TENSORS10, GraphLayout, Message, spec_for
-from ...proto.tensor import RpcTensor
+from ..proto.codec import pack_request
+from ..proto.constants import Cmd
+from ..proto.dialects import DIALECTS, Dialect, get_dialect
+from ..proto.messages import TENSOR, TENSORS10, GraphLayout, Message, spec_for
+from ..proto.tensor import RpcTensor
 from .basics import Buffers, BufferRegion, _draw_tensor, _regions
 from .messages import _commands, _draw_request
 
@@ -56,16 +57,29 @@ class MutationOp:
 
     kind: str  # framing | flag | field
     what: str
-    build: Callable  # (draw, Site) -> Mutation
+    build: Callable  # (draw, MutationSite) -> Mutation
     applies: Callable[[Dialect, Cmd], bool]
     fields: Fields  # the description fields it can write, per (dialect, command)
     direction: str = "request"  # "response": a lie told to a client target
     unknown_cmd: bool = False  # applies to command bytes the dialect lacks, not to a Cmd
     # A first frame of a connection the server may accept (the session goes on after it).
     opening: bool = False
+    # Framing mutations: the fields a receiving reader's refusal of the frame may name ("len",
+    # "payload" when the bytes end inside it, "cmd"; a graph's "n_nodes" / "n_tensors" are
+    # checked with its length), and whether the reader may wait for more bytes instead (a
+    # length within its bound, garbage that may be the start of a frame).
+    refused_at: tuple[str, ...] = ()
+    may_wait: bool = False
 
     def fields_for(self, d: Dialect, cmd: Cmd | None) -> tuple[str, ...]:
         return self.fields(d, cmd) if callable(self.fields) else tuple(self.fields)
+
+    @property
+    def never_runs(self) -> bool:
+        """Whatever its command, a receiver never runs it: refused at the frame's length, or
+        the bytes end inside the frame."""
+        return (self.kind == "framing" and not self.may_wait
+                and set(self.refused_at) <= {"len", "payload", "n_nodes", "n_tensors"})
 
 
 #: (kind, what) -> operator, in registration order.
@@ -78,22 +92,28 @@ def _always(d: Dialect, cmd: Cmd) -> bool:
 
 def mutation(kind: str, what: str, *, fields: Fields,
              applies: Callable[[Dialect, Cmd], bool] = _always, direction: str = "request",
-             unknown_cmd: bool = False, opening: bool = False):
+             unknown_cmd: bool = False, opening: bool = False,
+             refused_at: tuple[str, ...] = (), may_wait: bool = False):
     """Register the decorated ``fn(draw, site) -> Mutation`` as mutation ``kind``/``what``.
 
     ``applies(dialect, cmd)`` says for which commands of which dialects it exists (ignored
     with ``unknown_cmd=True``: the operator then picks a command byte the dialect lacks).
     ``fields`` names the description fields it writes (a tuple, or a function of dialect and
-    command), for the report's command x field table.
+    command), for the report's command x field table. A framing mutation says how a reader
+    refuses it (``refused_at``: the fields its refusal may name) and whether the reader may
+    wait for more bytes instead (``may_wait``); no other kind breaks framing.
     """
     if kind not in MUTATION_KINDS:
         raise ValueError(f"unknown mutation kind {kind!r}; known: {', '.join(MUTATION_KINDS)}")
     if (kind, what) in MUTATIONS:
         raise ValueError(f"mutation {kind}/{what} is registered twice")
+    if (kind == "framing") != bool(refused_at) or may_wait and kind != "framing":
+        raise ValueError(f"mutation {kind}/{what}: a framing mutation, and only one, says "
+                         "where a reader refuses it (refused_at=...)")
 
     def deco(fn):
         MUTATIONS[(kind, what)] = MutationOp(kind, what, fn, applies, fields, direction,
-                                             unknown_cmd, opening)
+                                             unknown_cmd, opening, tuple(refused_at), may_wait)
         return fn
     return deco
 
@@ -132,7 +152,7 @@ def request_fields(d: Dialect, cmd: Cmd) -> set[str]:
     return {name for name, _ in layout.fields} | ({layout.tail} if layout.tail else set())
 
 
-class Site:
+class MutationSite:
     """Where one mutation is drawn: dialect, command, the buffers it may aim at, and (drawn
     on first use) the region and the valid request the mutation starts from."""
 
@@ -187,7 +207,7 @@ def tensor_mutation(what: str, *, fields: tuple[str, ...]):
     mutation of one ``rpc_tensor`` slot of every command that carries one (``field`` is
     ``"<slot>.<attribute>"``, e.g. ``"srcs[].data"``, with ``index`` for array slots)."""
     def deco(fn):
-        def build(draw, site: Site) -> Mutation:
+        def build(draw, site: MutationSite) -> Mutation:
             msg, region = site.request, site.region
             slot = draw(st.sampled_from(tensor_slots(site.d, site.cmd)))
             index = 0
@@ -253,7 +273,7 @@ def _strategy(d: Dialect, cands: list, buffers: Buffers) -> st.SearchStrategy[Mu
     @st.composite
     def build(draw):
         op, c = draw(st.sampled_from(cands))
-        return op.build(draw, Site(draw, op, d, c, buffers))
+        return op.build(draw, MutationSite(draw, op, d, c, buffers))
     return build()
 
 

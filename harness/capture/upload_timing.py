@@ -1,5 +1,6 @@
-"""The load profile of a session, measured from the outside (what GGML_RPC_LOADPROF=1 prints
-inside the seed-000 build, derived here from the transcript's bytes and timestamps).
+"""The upload timing of a session, measured from the outside (what GGML_RPC_LOADPROF=1 prints
+inside the seed-000 build, :mod:`.loadprof_log`, derived here from the transcript's bytes and
+timestamps).
 
 Times are when the recording proxy saw the bytes. For each command: how many, how many bytes,
 how long its bytes took to cross (first byte to last byte, request and response), and the gap
@@ -46,7 +47,7 @@ class CommandStats:
 
 
 @dataclass
-class LoadProfile:
+class UploadTiming:
     set_tensor_calls: int = 0
     set_tensor_bytes: int = 0
     hash_calls: int = 0
@@ -66,7 +67,7 @@ class LoadProfile:
         d["commands"] = {k: asdict(v) for k, v in self.commands.items()}
         return d
 
-    def merge(self, other: "LoadProfile") -> None:
+    def merge(self, other: "UploadTiming") -> None:
         for f in ("set_tensor_calls", "set_tensor_bytes", "hash_calls", "hash_hits",
                   "bytes_hashed", "upload_span", "hashing_seconds", "wire_seconds",
                   "gap_seconds"):
@@ -79,9 +80,9 @@ class LoadProfile:
         self.timeline += other.timeline
 
 
-def profile(tr: Transcript, session: Session, *, timeline_points: int = 400) -> LoadProfile:
+def time_uploads(tr: Transcript, session: Session, *, timeline_points: int = 400) -> UploadTiming:
     c2s, s2c = _Clock(tr, C2S), _Clock(tr, S2C)
-    p = LoadProfile()
+    p = UploadTiming()
     prev_end: float | None = None
     first_upload: float | None = None
     last_upload_end: float | None = None
@@ -152,15 +153,15 @@ def _timeline(tr: Transcript, points: int) -> list[tuple[float, int]]:
     return out
 
 
-def profile_transcripts(transcripts: list[Transcript]) -> LoadProfile:
-    """One profile over every connection of a cell (connections are sequential here)."""
-    total = LoadProfile()
+def time_transcripts(transcripts: list[Transcript]) -> UploadTiming:
+    """One timing over every connection of a cell (connections are sequential here)."""
+    total = UploadTiming()
     for tr in transcripts:
-        total.merge(profile(tr, tr.decode()))
+        total.merge(time_uploads(tr, tr.decode()))
     return total
 
 
-def plot(profiles: dict[str, LoadProfile], path, title: str = "bytes uploaded over time") -> None:
+def plot(timings: dict[str, UploadTiming], path, title: str = "bytes uploaded over time") -> None:
     """PNG of client-to-server bytes over time, one line per cell."""
     # the object API, not pyplot: cells run in threads and pyplot keeps global state
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -169,14 +170,14 @@ def plot(profiles: dict[str, LoadProfile], path, title: str = "bytes uploaded ov
     fig = Figure(figsize=(8, 4.5), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
-    for label, prof in profiles.items():
-        if prof.timeline:
-            ts, bs = zip(*prof.timeline)
+    for label, timing in timings.items():
+        if timing.timeline:
+            ts, bs = zip(*timing.timeline)
             ax.plot(ts, [b / (1 << 20) for b in bs], label=label)
     ax.set_xlabel("seconds since the connection opened")
     ax.set_ylabel("MiB sent by the client")
     ax.set_title(title)
-    if profiles:
+    if timings:
         ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()

@@ -35,12 +35,12 @@ from typing import Callable
 
 from hypothesis import strategies as st
 
-from ...proto import ggml
-from ...proto.constants import Cmd
-from ...proto.messages import GraphComputeRequest
-from ...proto.tensor import RpcTensor
-from ...reference.server_core import ServerConfig
-from .basics import U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
+from ..proto import ggml
+from ..proto.constants import Cmd
+from ..proto.messages import GraphComputeRequest
+from ..proto.tensor import RpcTensor
+from ..reference.server_core import ServerConfig
+from .basics import I32_MAX, I32_MIN, U32_MAX, U64_MAX, BufferRegion, _tensor_nbytes
 from .registry import _get_tensor, _replace_tensor, mutation, request_fields, tensor_slots
 
 # A heap-like address no ALLOC_BUFFER returned (far from the sentinels of harness.fuzz.case).
@@ -298,7 +298,6 @@ def graph_request(d, nodes, tensors, template: GraphComputeRequest | None = None
 
 # ---------------------------------------------------------------- every field of a tensor
 
-I32_MIN, I32_MAX = -(1 << 31), (1 << 31) - 1
 _U32_EDGES = (0, 1, 2, I32_MAX, 1 << 31, U32_MAX)
 
 

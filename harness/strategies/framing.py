@@ -16,22 +16,16 @@ Mutations of HELLO's own length use ``at == "connect"``.
 
 from __future__ import annotations
 
-import struct
-
 from hypothesis import strategies as st
 
-from ...proto.codec import REQUEST_HEADER_SIZE, pack_request_payload
-from ...proto.constants import HELLO_ID, Cmd
-from ...proto.dialects import Dialect
-from ...proto.messages import GraphLayout, Message, spec_for
-from .basics import U64_MAX
+from ..proto.codec import pack_request_payload
+from ..proto.constants import HELLO_ID, Cmd
+from ..proto.dialects import Dialect
+from ..proto.messages import GraphLayout, Message, spec_for
+from ..proto.wire import REQUEST_HEADER_SIZE, U64_MAX, request_frame
 from .registry import mutation, request_fields
 
 _HUGE_LENGTHS = (1 << 41, 1 << 48, 1 << 62, 1 << 63, U64_MAX)
-
-
-def _header(cmd_id: int, length: int) -> bytes:
-    return struct.pack("<BQ", cmd_id, length)
 
 
 def _min_payload(d: Dialect, msg: Message) -> int:
@@ -51,40 +45,45 @@ def _has_minimum(d: Dialect, cmd: Cmd) -> bool:
     return isinstance(layout, GraphLayout) or layout.fixed_size > 0
 
 
-@mutation("framing", "len_too_small", fields=("len",), applies=_has_minimum)
+# a graph's counts are read before its length is known to be short
+@mutation("framing", "len_too_small", fields=("len",), applies=_has_minimum,
+          refused_at=("len", "n_nodes", "n_tensors"))
 def _(draw, site):
     frame = site.frame()
     n = draw(st.integers(0, _min_payload(site.d, site.request) - 1))
-    return site.mutation("len", _header(frame[0], n) + frame[REQUEST_HEADER_SIZE:][:n], value=n)
+    return site.mutation("len", request_frame(frame[0], frame[REQUEST_HEADER_SIZE:][:n]), value=n)
 
 
-@mutation("framing", "len_too_large", fields=("len",), applies=_is_fixed)
+@mutation("framing", "len_too_large", fields=("len",), applies=_is_fixed, refused_at=("len",))
 def _(draw, site):
     frame = site.frame()
     extra = draw(st.binary(min_size=1, max_size=64))
     n = len(frame) - REQUEST_HEADER_SIZE + len(extra)
-    return site.mutation("len", _header(frame[0], n) + frame[REQUEST_HEADER_SIZE:] + extra,
+    return site.mutation("len", request_frame(frame[0], frame[REQUEST_HEADER_SIZE:] + extra),
                          value=n)
 
 
-@mutation("framing", "len_large", fields=("len",), applies=lambda d, c: not _is_fixed(d, c))
+# within the reader's bound it waits for the payload
+@mutation("framing", "len_large", fields=("len",), applies=lambda d, c: not _is_fixed(d, c),
+          refused_at=("len",), may_wait=True)
 def _(draw, site):
     frame = site.frame()
     n = draw(st.integers(1 << 20, 1 << 40))
-    return site.mutation("len", _header(frame[0], n) + frame[REQUEST_HEADER_SIZE:], value=n)
+    return site.mutation("len", request_frame(frame[0], frame[REQUEST_HEADER_SIZE:], n), value=n)
 
 
-@mutation("framing", "len_huge", fields=("len",))
+@mutation("framing", "len_huge", fields=("len",), refused_at=("len",))
 def _(draw, site):
     frame = site.frame()
     n = draw(st.sampled_from(_HUGE_LENGTHS))
-    return site.mutation("len", _header(frame[0], n) + frame[REQUEST_HEADER_SIZE:], value=n)
+    return site.mutation("len", request_frame(frame[0], frame[REQUEST_HEADER_SIZE:], n), value=n)
 
 
 # A request with an empty payload (DEVICE_COUNT) can only be cut inside its header: listing
 # "payload" for it would claim a field no draw can write (never exercised, by construction).
 @mutation("framing", "truncated",
-          fields=lambda d, c: ("len", "payload") if request_fields(d, c) else ("len",))
+          fields=lambda d, c: ("len", "payload") if request_fields(d, c) else ("len",),
+          refused_at=("len", "payload"))
 def _(draw, site):
     frame = site.frame()
     cut = draw(st.integers(1, len(frame) - 1))
@@ -92,7 +91,8 @@ def _(draw, site):
     return site.mutation(field, frame[:cut], value=cut, eof=True)
 
 
-@mutation("framing", "trailing_garbage", fields=("frame",))
+# a partial header waits for the rest
+@mutation("framing", "trailing_garbage", fields=("frame",), refused_at=("cmd",), may_wait=True)
 def _(draw, site):
     # Garbage that cannot complete a frame: a bare partial header, or an unknown command.
     frame, d = site.frame(), site.d
@@ -106,21 +106,23 @@ def _(draw, site):
     return site.mutation("frame", frame + garbage, value=len(garbage))
 
 
-@mutation("framing", "hello_missing", fields=("cmd",), applies=lambda d, c: c is not Cmd.HELLO)
+@mutation("framing", "hello_missing", fields=("cmd",), applies=lambda d, c: c is not Cmd.HELLO,
+          refused_at=("cmd",))
 def _(draw, site):
     return site.mutation("cmd", site.frame(), at="connect")
 
 
-@mutation("framing", "hello_repeated", fields=("cmd",), applies=lambda d, c: c is Cmd.HELLO)
+@mutation("framing", "hello_repeated", fields=("cmd",), applies=lambda d, c: c is Cmd.HELLO,
+          refused_at=("cmd",))
 def _(draw, site):
     return site.mutation("cmd", site.frame(), at="after_hello")
 
 
-@mutation("framing", "unknown_cmd", fields=("cmd",), unknown_cmd=True)
+@mutation("framing", "unknown_cmd", fields=("cmd",), unknown_cmd=True, refused_at=("cmd",))
 def _(draw, site):
     unknown = [i for i in range(256) if i not in site.d.ids]
     interesting = [i for i in (18, 19, 20, 21, 22, 23, 24, 127, 128, 255) if i in unknown]
     cid = draw(st.one_of(st.sampled_from(interesting), st.sampled_from(unknown)))
     payload = draw(st.binary(max_size=16))
-    return site.mutation("cmd", _header(cid, len(payload)) + payload, cmd_id=cid,
+    return site.mutation("cmd", request_frame(cid, payload), cmd_id=cid,
                          at="after_hello", value=cid)
