@@ -192,6 +192,35 @@ def test_a_figure_whose_run_failed_is_failed_and_fails_the_bench(tmp_path, monke
                          peer="p7") == 1
 
 
+def test_campaign_figures_measure_the_random_phase_not_the_sweep(tmp_path, monkeypatch):
+    """A 4-s --quick campaign with the deterministic phases on was the sweep's first cases and
+    the minimisation of what they found (44 and 193 msg/s against p7): the figure measures
+    generated and evolved sessions and says so, and fails if a sweep ran in it anyway."""
+    from harness.bench import measure
+    from harness.fuzz import campaign
+    configs = []
+
+    def run_campaign(cfg, **kw):  # a campaign whose sweep, when on, fills its 4 s
+        configs.append(cfg)
+        swept = 120 if cfg.sweep_share > 0 else 0
+        rate = 44.0 if swept else 4000.0
+        return tmp_path, {"messages_per_s": rate, "elapsed_s": 4.0, "messages_sent": int(rate * 4),
+                          "cases": 100, "restarts": 3, "distinct_signatures": 1,
+                          "sweep": {"done": swept}, "errors": []}
+
+    monkeypatch.setattr(campaign, "run_campaign", run_campaign)
+    cfg = measure.BenchConfig.quick_config(out=tmp_path, log=lambda line: None)
+    f = measure.campaign_figure(cfg, "p7", "1", 1, tmp_path, [9000.0])
+    assert configs[-1].sweep_share == 0 and f.value == 4000.0 and f.failed is None
+    assert "generated and evolved sessions" in f.title
+    assert "deterministic phases off: 0 sweep cases" in f.notes
+    # Planted fault: the campaign's default share of sweep -> the figure is the sweep's rate,
+    # which the bench refuses to report under this title.
+    monkeypatch.setattr(measure, "CAMPAIGN_SWEEP_SHARE", 0.2)
+    g = measure.campaign_figure(cfg, "p7", "1", 1, tmp_path, [9000.0])
+    assert configs[-1].sweep_share == 0.2 and g.failed and g.value is None
+
+
 def _p7():
     try:
         peer = get_peer("p7")

@@ -222,10 +222,14 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
     assert report["engine"] == "libfuzzer" and report["executions"] > 0, \
         log.read_text()[-6000:] if log.exists() else report.get("errors")
     assert report["edges_over_time"] and report["edges"] > 0
+    # the rate per CPU second of the fuzzer's processes, and the cap it fuzzed under
+    assert report["executions_per_cpu_s"] > 0 and 0 < report["fuzz_cpu_seconds"]
+    assert report["alloc_limit"] == LibFuzzerConfig.alloc_limit
     assert report["problems"] == []  # `harness fuzz` exits 0 on it, not 2
     md = (folder / "report.md").read_text()
     assert "did not test the target" not in md
     assert "## In-process engine (libFuzzer)" in md and "Edges over time" in md
+    assert "per CPU second" in md and "allocation cap while fuzzing | 16 MiB" in md
     assert report["findings"], "the 7.0.0 server has GGML_ASSERTs any campaign reaches"
     for f in report["findings"]:
         saved = json.loads((folder / "crashes" / f["id"] / "finding.json").read_text())

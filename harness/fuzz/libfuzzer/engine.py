@@ -5,10 +5,14 @@
    the deterministic sweep (every case within ``max_len``), plus
    ``--corpus`` (a live campaign's ``corpus/`` or a previous in-process corpus);
 3. libFuzzer runs in fork mode (``-fork=<workers> -ignore_crashes=1``: a sanitizer error ends a
-   job, not the campaign), its status lines give executions and edges over time;
+   job, not the campaign), its status lines give executions and edges over time; the server's
+   allocations above ``alloc_limit`` fail in it and UBSan prints no stack trace there
+   (docs/libfuzzer.md, "Rate");
 4. triage: every distinct failure becomes a finding with a signature from its report
-   (:mod:`harness.fuzz.sanitizer`): the aborts the target records itself (``.event`` files) and
-   libFuzzer's crash/timeout/oom artifacts, re-run once each to read their report;
+   (:mod:`harness.fuzz.sanitizer`): the aborts and sanitizer reports the target records itself
+   (``.event`` files; a UBSan line, or what followed a refused allocation, re-run once per
+   provisional signature without the cap and with the stack trace) and libFuzzer's
+   crash/timeout/oom artifacts, re-run once each to read their report;
 5. each finding is saved like a live campaign's (``crashes/<id>/repro.rpct``, pcap,
    ``finding.json``, ``test_repro.py``, plus ``input.bin`` for the fuzz target) and replayed
    with :func:`harness.fuzz.replay.replay` against the live server;
@@ -23,9 +27,11 @@ import json
 import os
 import random
 import re
+import resource
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -51,13 +57,23 @@ from .profile import ProfileError, profile_corpus, render_markdown as render_pro
 ENGINE = "libfuzzer"
 SANITIZE = ("address", "undefined")  # what the in-process target is built with
 MAX_RERUNS = 40  # artifacts re-run for their report (smallest first)
+# The server's allocations above this fail while the campaign fuzzes (the target's
+# HARNESS_FUZZ_ALLOC_LIMIT): under ASan a buffer of S bytes costs S/8 bytes of shadow written
+# and page-faulted twice, and a 10-minute p7 campaign spent most of its time in the mutants of a
+# few inputs that allocate hundreds of MiB (docs/libfuzzer.md, "Rate"). Every finding is then
+# confirmed without the cap (triage), so the cap moves time, not findings: memory volume is the
+# live engine's to judge, where a large buffer costs nothing until it is touched.
+IN_PROCESS_ALLOC_LIMIT = 16 << 20
+CAP_ENV = ("HARNESS_FUZZ_ALLOC_LIMIT", "HARNESS_FUZZ_RSS_BOUND", "HARNESS_FUZZ_AS_LIMIT")
+# The provisional name of a "capped" event: what its re-run without the cap may confirm.
+CAPPED_LINE = "allocation above the resident memory bound (refused by the in-process cap)"
 FINALISE_GRACE = 60.0
 
 _STATUS = re.compile(r"^#(?P<execs>\d+)[:\s]+(?:\w+\s+)?cov: (?P<cov>\d+) ft: (?P<ft>\d+) "
                      r"corp: (?P<corp>\d+)(?:/\S+)?(?: .*?exec/s:? (?P<eps>\d+))?"
                      r"(?: .*?oom/timeout/crash: (?P<oom>\d+)/(?P<timeout>\d+)/(?P<crash>\d+))?")
 _TRACE = re.compile(r"^harness-fuzz: command (?P<cmd>\d+) at byte (?P<at>\d+)")
-_EVENT_HEAD = re.compile(r"^(?P<key>kind|command|offset|length): (?P<value>.*)$")
+_EVENT_HEAD = re.compile(r"^(?P<key>kind|command|offset|length|capped): (?P<value>.*)$")
 
 
 @dataclass
@@ -75,6 +91,7 @@ class LibFuzzerConfig:
     seeds_mutated: int = 150
     seeds_sweep: bool = True  # the sweep's cases (those within max_len) are seeds too
     max_len: int = 1 << 16
+    alloc_limit: int = IN_PROCESS_ALLOC_LIMIT  # while fuzzing (0: only --as-limit)
     minimise_seconds: float = 12.0  # libFuzzer -minimize_crash per finding
     replay: bool = True  # confirm every finding against the live server
     # The live server sanitizer findings replay against (None: the pin's +asan+ubsan build):
@@ -135,11 +152,16 @@ class Timeline:
 NO_RSS_THREAD = "-rss_limit_mb=0"
 
 
-def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
-                  rss_baseline_mb: int = 0) -> dict[str, str]:
+def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None, rss_baseline_mb: int = 0, *,
+                  fuzzing: bool = False) -> dict[str, str]:
     """The target's environment. Its RSS bound is ``--rss-limit`` above the target's own
     resident memory (``rss_baseline_mb``: libFuzzer, the coverage maps, the backend), so what
-    passes it grew as far as a live server's RSS must grow to pass the same bound."""
+    passes it grew as far as a live server's RSS must grow to pass the same bound.
+
+    ``fuzzing``: the campaign's own run (and the profile of its corpus), with the allocation
+    cap and without UBSan's stack trace (the target records the report's line; triage re-runs
+    one input per line with the trace). Everything that names or confirms a finding runs
+    without them."""
     as_mb = max(cfg.as_limit >> 20, 64) if cfg.as_limit else 1 << 20
     rss = f"hard_rss_limit_mb={max(cfg.rss_limit >> 20, 64) + rss_baseline_mb}:" \
         if cfg.rss_limit else ""
@@ -149,9 +171,19 @@ def sanitizer_env(cfg: LibFuzzerConfig, events: Path | None,
                             "print_summary=1:detect_stack_use_after_return=0",
                # Every check is fatal (the build's -fno-sanitize-recover=all, halt_on_error
                # for the few it keeps recoverable) unless the reviewed list suppresses it.
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1:symbolize=1:"
-                             f"suppressions={UBSAN_SUPPRESSIONS}",
+               UBSAN_OPTIONS=f"print_stacktrace={0 if fuzzing else 1}:halt_on_error=1:"
+                             f"symbolize=1:suppressions={UBSAN_SUPPRESSIONS}",
                **REAL_PROCESS_ENV)
+    for key in CAP_ENV:
+        env.pop(key, None)
+    if fuzzing and 0 < cfg.alloc_limit and (not cfg.as_limit or cfg.alloc_limit < cfg.as_limit):
+        env["HARNESS_FUZZ_ALLOC_LIMIT"] = str(cfg.alloc_limit)
+        # a refused receive buffer the uncapped server would have zero-filled past the RSS
+        # bound is recorded, and triage re-runs it without the cap (rpc_server_fuzzer.cpp)
+        if cfg.rss_limit:
+            env["HARNESS_FUZZ_RSS_BOUND"] = str((max(cfg.rss_limit >> 20, 64) +
+                                                 rss_baseline_mb) << 20)
+            env["HARNESS_FUZZ_AS_LIMIT"] = str(as_mb << 20)
     symbolizer = tool("llvm-symbolizer")
     if symbolizer:
         env["ASAN_SYMBOLIZER_PATH"] = env["UBSAN_SYMBOLIZER_PATH"] = symbolizer
@@ -202,10 +234,19 @@ def libfuzzer_args(cfg: LibFuzzerConfig, seed: int, dictionary: Path, artifacts:
             "-ignore_timeouts=1", f"-max_total_time={max(int(duration), 1)}",
             f"-seed={seed}", f"-artifact_prefix={artifacts}/", f"-dict={dictionary}",
             f"-max_len={cfg.max_len}", f"-timeout={max(int(cfg.deadline), 1)}",
-            NO_RSS_THREAD, f"-malloc_limit_mb={as_mb}", "-print_final_stats=1"]
+            NO_RSS_THREAD, f"-malloc_limit_mb={as_mb}", "-print_final_stats=1",
+            # leaks are off in ASan (a server killed by the harness is no leak); libFuzzer's own
+            # leak check still ran every input that ended with more mallocs than frees twice
+            "-detect_leaks=0"]
 
 
 # ---------------------------------------------------------------- running
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of every child process waited for so far, theirs included."""
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
 
 def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: Timeline,
                 hard_stop: float, on_line: Callable[[dict], None] | None) -> int:
@@ -351,20 +392,38 @@ def _read_event(path: Path) -> tuple[dict, str]:
     return head, text[body_at + 2:]
 
 
+@dataclass
+class Triage:
+    found: dict  # Signature -> Failure (the smallest input of each)
+    seen: Counter  # how often each signature was met
+    not_rerun: int  # artifacts and event groups left without a re-run (beyond MAX_RERUNS)
+    unconfirmed: int = 0  # event groups whose input did not fail again when re-run alone
+
+
+def _needs_rerun(head: dict) -> bool:
+    """An event the campaign's run cannot name alone: a UBSan report line (recorded without its
+    stack trace) or anything that happened after the cap refused an allocation (what the input
+    does without the cap is what a live server does)."""
+    return head.get("kind") == "ubsan" or int(head.get("capped", 0) or 0) > 0
+
+
 def triage(binary: Path, events: Path, artifacts: Path, dialect: str, env: dict,
-           deadline: float) -> tuple[dict[Signature, Failure], Counter, int]:
-    """Distinct failures (smallest input per signature), how often each was seen, and how
-    many artifacts were left without a re-run (beyond MAX_RERUNS)."""
+           deadline: float) -> Triage:
+    """Distinct failures (smallest input per signature), how often each was seen, and what was
+    left without a re-run. ``env`` is the one without the campaign's allocation cap and with
+    UBSan's stack trace: every re-run names its finding as a live sanitizer server would."""
     found: dict[Signature, Failure] = {}
     seen: Counter = Counter()
     explained: set[str] = set()
 
-    def add(sig: Signature, data: bytes, detail: str, source: str, report: str) -> None:
-        seen[sig] += 1
+    def add(sig: Signature, data: bytes, detail: str, source: str, report: str,
+            times: int = 1) -> None:
+        seen[sig] += times
         old = found.get(sig)
         if old is None or len(data) < len(old.data):
             found[sig] = Failure(sig, data, detail, source, report)
 
+    groups: dict[Signature, list[tuple[bytes, str]]] = {}  # provisional signature -> inputs
     for ev in sorted(events.glob("*.event")):
         inp = ev.with_suffix(".input")
         if not inp.exists():
@@ -374,9 +433,30 @@ def triage(binary: Path, events: Path, artifacts: Path, dialect: str, env: dict,
         explained.add(lfc.input_name(data))
         got = signature_of(body, dialect, data, int(head.get("command", -1)),
                            _frame_start(data, int(head.get("offset", 0))))
+        if got is None and head.get("kind") == "capped":
+            command = _command_name(dialect, data, int(head.get("command", -1)), None)
+            got = Signature("memory", "", CAPPED_LINE, command), body
         if got is None:
             continue
-        add(got[0], data, got[1], f"{head.get('kind', '?')} event", body)
+        if _needs_rerun(head):
+            groups.setdefault(got[0], []).append((data, head.get("kind", "?")))
+        else:
+            add(got[0], data, got[1], f"{head.get('kind', '?')} event", body)
+    # One re-run per provisional signature (its smallest input): many jobs die of the same
+    # few UBSan reports, and one line names them all.
+    ordered = sorted(groups.items(), key=lambda kv: min(len(d) for d, _ in kv[1]))
+    unconfirmed = 0
+    with tempfile.TemporaryDirectory(prefix="harness-triage-") as tmp:
+        for _, members in ordered[:MAX_RERUNS]:
+            data, kind = min(members, key=lambda m: len(m[0]))
+            path = Path(tmp) / "input"
+            path.write_bytes(data)
+            log = rerun(binary, path, env, deadline)
+            got = signature_of(log, dialect, data) if log is not None else None
+            if got is None:
+                unconfirmed += 1  # it needed the cap (or the job's state) to fail
+                continue
+            add(got[0], data, got[1], f"{kind} event, re-run", log, times=len(members))
     pending = sorted((p for p in artifacts.iterdir() if p.is_file()
                       and p.name.split("-", 1)[-1] not in explained),
                      key=lambda p: p.stat().st_size)
@@ -387,7 +467,8 @@ def triage(binary: Path, events: Path, artifacts: Path, dialect: str, env: dict,
         if got is None:
             continue  # did not fail alone (state of the job that found it, or timing)
         add(got[0], data, got[1], art.name, log)
-    return found, seen, max(0, len(pending) - MAX_RERUNS)
+    return Triage(found, seen, max(0, len(pending) - MAX_RERUNS) +
+                  max(0, len(ordered) - MAX_RERUNS), unconfirmed)
 
 
 def _frame_start(data: bytes, offset: int) -> int | None:
@@ -440,7 +521,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     dictionary = work / f"{TARGET_NAME}.dict"
     lfc.write_dictionary(dictionary, dialect)
     baseline = rss_baseline_mb(build.binary, dialect, work, sanitizer_env(cfg, None))
-    env = sanitizer_env(cfg, events, baseline)
+    env = sanitizer_env(cfg, events, baseline)  # what names and confirms findings
+    fuzz_env = sanitizer_env(cfg, events, baseline, fuzzing=True)
     timeline = Timeline()
     remaining = max(cfg.duration - (time.monotonic() - started), 5.0)
 
@@ -451,11 +533,15 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
             on_progress(progress)
 
     fuzz_started = time.monotonic()
+    cpu_before = _children_cpu()
     rc = _run_fuzzer(build.binary, libfuzzer_args(cfg, seed, dictionary, artifacts, remaining)
-                     + [str(dirs["inputs"]), str(seeds)], env, work / "libfuzzer.log", timeline,
+                     + [str(dirs["inputs"]), str(seeds)], fuzz_env, work / "libfuzzer.log",
+                     timeline,
                      time.monotonic() + remaining + FINALISE_GRACE, on_line)
     fuzz_seconds = time.monotonic() - fuzz_started
-    found, seen, not_rerun = triage(build.binary, events, artifacts, dialect, env, cfg.deadline)
+    fuzz_cpu = _children_cpu() - cpu_before
+    triaged = triage(build.binary, events, artifacts, dialect, env, cfg.deadline)
+    found, seen = triaged.found, triaged.seen
     # Minimisation: a few seconds each, at most a fifth of the campaign's duration in all.
     budget_end = time.monotonic() + max(cfg.duration / 5, 30.0)
     findings = []
@@ -481,7 +567,8 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
             server_coverage = {"error": str(e)}
     try:  # after the campaign, on the corpus it kept: what one execution costs, by phase
         execution_profile = profile_corpus(build.binary, [dirs["inputs"]],
-                                           sanitizer_env(cfg, None, baseline), dialect)
+                                           sanitizer_env(cfg, None, baseline, fuzzing=True),
+                                           dialect)
     except ProfileError as e:
         execution_profile = {"error": str(e)}
     last = timeline.last
@@ -501,10 +588,17 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     report.update({
         "engine": ENGINE, "executions": last["execs"],
         "executions_per_s": round(last["execs"] / max(fuzz_seconds, 1e-9), 1),
-        "fuzz_seconds": round(fuzz_seconds, 1), "edges": last["edges"],
+        "fuzz_seconds": round(fuzz_seconds, 1), "fuzz_cpu_seconds": round(fuzz_cpu, 1),
+        # per CPU second of libFuzzer and its jobs: what one core would run, however busy the
+        # machine was (the wall-clock rate above is that machine at that load)
+        "executions_per_cpu_s": round(last["execs"] / fuzz_cpu, 1) if fuzz_cpu > 0 else None,
+        "edges": last["edges"],
         "features": last["features"], "corpus_size": last["corpus"],
         "edges_over_time": timeline.sampled(30), "seeds": n_seeds, "imported": imported,
-        "exported_cases": exported, "libfuzzer_exit": rc, "artifacts_not_rerun": not_rerun,
+        "exported_cases": exported, "libfuzzer_exit": rc,
+        "artifacts_not_rerun": triaged.not_rerun,
+        "alloc_limit": int(fuzz_env.get("HARNESS_FUZZ_ALLOC_LIMIT", 0)),
+        "events_not_confirmed": triaged.unconfirmed,
         "findings_by_class": dict(Counter(_class_of(f["signature"]) for f in findings)),
         "rss_baseline_mb": baseline,
         "server_coverage": server_coverage, "binary": str(build.binary),
@@ -643,7 +737,10 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
              "| | |", "|---|---|",
              f"| binary | `{Path(r['binary']).name}` (-fsanitize=fuzzer,address,undefined) |",
              f"| executions | {r['executions']:,} in {r['fuzz_seconds']:.0f} s |",
-             f"| executions/s | {r['executions_per_s']:,.0f} (one execution = one connection) |",
+             f"| executions/s | {r['executions_per_s']:,.0f} (one execution = one connection)"
+             + (f"; {r['executions_per_cpu_s']:,.0f} per CPU second of the fuzzer and its jobs "
+                f"({r['fuzz_cpu_seconds']:,.0f} s)" if r.get("executions_per_cpu_s") else "")
+             + " |",
              f"| edges / features / corpus | {r['edges']:,} / {r['features']:,} / "
              f"{r['corpus_size']:,} |",
              f"| seeds (generator and sweep) / imported | {r['seeds']} / {r['imported']} |",
@@ -651,7 +748,13 @@ def render_libfuzzer_markdown(r: dict, out: Path) -> str:
              f"{r.get('rss_baseline_mb', 0)} MiB |",
              f"| corpus exported for live campaigns | {r['exported_cases']} cases in "
              f"`{out}/corpus` (`harness fuzz --target {r['target']} --corpus {out}/corpus`) |",
-             f"| artifacts not re-run (beyond {MAX_RERUNS}) | {r['artifacts_not_rerun']} |",
+             f"| artifacts and event groups not re-run (beyond {MAX_RERUNS} each) | "
+             f"{r['artifacts_not_rerun']} |",
+             "| allocation cap while fuzzing | " + (
+                 f"{r['alloc_limit'] >> 20} MiB (findings named and confirmed without it) |"
+                 if r.get("alloc_limit") else "none (--as-limit only) |"),
+             f"| events that did not fail again re-run alone (not reported) | "
+             f"{r.get('events_not_confirmed', 0)} |",
              "| findings by class | " + (", ".join(f"{k} {v}" for k, v in
                                                   sorted(r["findings_by_class"].items()))
                                         or "none") + " |", "",

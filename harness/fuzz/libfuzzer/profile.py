@@ -5,9 +5,12 @@ Set-up is the input copied and the connection accepted, up to the first command 
 runs from its command byte to the next one (payload read, relocation, the server's work, the
 answer parsed); teardown from the input's end until the server returned (its buffers freed).
 The CPU backend is made once per process (``LLVMFuzzerInitialize``), not per input: the profile
-shows it is nowhere in an execution. What lies outside the phases (libFuzzer's mutation and
-coverage bookkeeping) is the gap between the campaign's executions/s and the one the phases
-alone would allow.
+shows it is nowhere in an execution. The gap between the campaign's executions/s and the one
+the phases allow is what lies outside them (libFuzzer's mutation and coverage bookkeeping, a
+fork-mode job started again after each death) and the mix: the campaign executes the kept
+corpus's mutants, not the corpus (a mutant that allocates hundreds of MiB costs thousands of
+corpus executions under ASan; docs/libfuzzer.md, "Rate"). The profile runs under the
+campaign's allocation cap, as the campaign did.
 
 ``python -m harness.fuzz.libfuzzer.profile PIN DIR...`` prints it for a corpus; the campaign's
 report has it for the campaign's own corpus.

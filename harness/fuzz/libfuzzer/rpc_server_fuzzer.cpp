@@ -23,6 +23,7 @@
 #include <cxxabi.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstdio>
 #include <new>
@@ -120,6 +121,7 @@ struct Connection {
     std::vector<uint64_t> bases;    // index: the handle's
     std::vector<bool> base_known;
     int last_cmd = -1;
+    unsigned long refused = 0;  // allocations the in-process cap refused (HARNESS_FUZZ_ALLOC_LIMIT)
     uint64_t last_u64 = 0;  // the last 8-byte read: a BUFFER_GET_BASE request's handle
     // Answer parser: an 8-byte size, then that many payload bytes.
     uint8_t head[8];
@@ -292,13 +294,18 @@ static Connection * g_next = nullptr;  // the connection socket_t::accept() hand
 
 // ---- findings the process survives: GGML_ASSERT / GGML_ABORT, uncaught exceptions
 //
-// A real server aborts on a failed GGML_ASSERT. Here the abort callback records the abort
-// (HARNESS_FUZZ_EVENTS=dir: <dir>/<pid>-<n>.event with the message and the request that was
-// running, and <dir>/<pid>-<n>.input with the input), once per distinct message per process,
-// and unwinds back to LLVMFuzzerTestOneInput with an exception, so one shallow assert does not
-// end every fuzzing job (a sanitizer error still ends the process: memory is suspect then).
+// A real server aborts on a failed GGML_ASSERT. Here the abort callback records the abort (an
+// event: the message and the request that was running, and the input) and unwinds back to
+// LLVMFuzzerTestOneInput with an exception, so one shallow assert does not end every fuzzing
+// job (a sanitizer error still ends the process: memory is suspect then).
 // HARNESS_FUZZ_ABORT=1 restores the server's behaviour (abort), e.g. to reproduce a finding.
 // The event's offset is the server's read position (the byte after the last one it read).
+//
+// Events go to HARNESS_FUZZ_EVENTS=dir. An abort the process survives is written once per
+// campaign for each (request, message), as <dir>/a-<hash>.event and .input, the name claimed
+// with O_EXCL: every fork-mode job meets the same shallow asserts within seconds, and each job
+// writing them again was a few percent of the campaign in file creation. A report the process
+// dies of is written each time, as <dir>/<pid>-<n>.event and .input (one per process).
 
 namespace harness_fuzz {
 
@@ -311,23 +318,57 @@ static const char * g_abort_only = nullptr;
 static std::unordered_set<std::string> * g_seen = nullptr;
 static unsigned long g_event_no = 0;
 
+static void write_event_files(const char * stem, bool claim, const char * kind,
+                              const char * text) {
+    char event[4096];
+    char input[4096];
+    snprintf(event, sizeof event, "%s/%s.event", g_events, stem);
+    snprintf(input, sizeof input, "%s/%s.input", g_events, stem);
+    FILE * ev = fopen(event, claim ? "wx" : "w");
+    if (ev == nullptr) {
+        return;  // claimed by another job already
+    }
+    if (FILE * f = fopen(input, "wb")) {
+        fwrite(g_running->original, 1, g_running->original_size, f);
+        fclose(f);
+    }
+    fprintf(ev, "kind: %s\ncommand: %d\noffset: %zu\nlength: %zu\ncapped: %lu\n\n%s\n", kind,
+            g_running->last_cmd, g_running->pos, g_running->original_size, g_running->refused,
+            text);
+    fclose(ev);
+}
+
 static void write_event(const char * kind, const char * text) {
     if (g_events == nullptr || g_running == nullptr) {
         return;
     }
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%d-%lu.input", g_events, (int)getpid(), g_event_no);
-    if (FILE * f = fopen(path, "wb")) {
-        fwrite(g_running->original, 1, g_running->original_size, f);
-        fclose(f);
+    char stem[64];
+    snprintf(stem, sizeof stem, "%d-%lu", (int)getpid(), g_event_no++);
+    write_event_files(stem, false, kind, text);
+}
+
+// An abort or exception the process survives (or an allocation the cap refused): once per
+// (request, message) in this process, and once in the campaign (the O_EXCL claim of a name
+// hashed from both; a refused allocation's size is not part of its message).
+static void record_survived(const char * text, const char * kind) {
+    if (g_events == nullptr || g_running == nullptr) {
+        return;
     }
-    snprintf(path, sizeof path, "%s/%d-%lu.event", g_events, (int)getpid(), g_event_no);
-    if (FILE * f = fopen(path, "w")) {
-        fprintf(f, "kind: %s\ncommand: %d\noffset: %zu\nlength: %zu\n\n%s\n", kind,
-                g_running->last_cmd, g_running->pos, g_running->original_size, text);
-        fclose(f);
+    std::string key = std::to_string(g_running->last_cmd) + '\n' + kind + '\n' +
+                      (strcmp(kind, "capped") == 0 ? "" : text);
+    if (g_seen == nullptr) {
+        g_seen = new std::unordered_set<std::string>();
     }
-    ++g_event_no;
+    if (!g_seen->insert(key).second) {
+        return;
+    }
+    uint64_t h = 0xcbf29ce484222325ULL;  // FNV-1a
+    for (unsigned char c : key) {
+        h = (h ^ c) * 0x100000001b3ULL;
+    }
+    char stem[64];
+    snprintf(stem, sizeof stem, "a-%016llx", (unsigned long long)h);
+    write_event_files(stem, true, kind, text);
 }
 
 // Does this abort / uncaught exception end the process? With HARNESS_FUZZ_ABORT, yes; with
@@ -341,26 +382,16 @@ static bool fatal(const char * message) {
 }
 
 static void on_abort(const char * message) {
-    fprintf(stderr, "%s\n", message);
-    if (g_seen == nullptr) {
-        g_seen = new std::unordered_set<std::string>();
-    }
-    if (g_seen->insert(message).second) {
-        write_event("abort", message);
-    }
     if (g_running == nullptr || fatal(message)) {
+        fprintf(stderr, "%s\n", message);  // the death line, as the server prints it
         abort();
     }
+    record_survived(message, "abort");  // the event says it; printing each was a write each
     throw Aborted();
 }
 
 static void on_exception(const char * text) {
-    if (g_seen == nullptr) {
-        g_seen = new std::unordered_set<std::string>();
-    }
-    if (g_seen->insert(text).second) {
-        write_event("abort", text);
-    }
+    record_survived(text, "abort");
 }
 
 #if defined(__has_feature)
@@ -369,6 +400,40 @@ static void on_exception(const char * text) {
 #  endif
 #endif
 
+// HARNESS_FUZZ_ALLOC_LIMIT=bytes: while an input runs, a server allocation above it fails as
+// one above the address-space limit does (null, ENOMEM, std::bad_alloc). Under ASan an
+// allocation of S bytes costs about S/8 bytes of shadow written and page-faulted twice (poisoned
+// when mapped and when freed), so a 1 GiB ALLOC_BUFFER costs thousands of ordinary executions
+// and its mutants kept the fuzzer busy; the code a larger buffer reaches is the same. The driver
+// confirms every finding without the cap (engine.py), so the cap decides only where the
+// fuzzer's time goes. Unset (ClusterFuzzLite, the coverage build): no cap.
+//
+// What the cap would hide is memory volume. One kind the server always touches: a receive
+// buffer or array (operator new here: std::vector resize and new[]() zero-fill it) as large as
+// a request announces. Refused while the uncapped server would have allocated it
+// (HARNESS_FUZZ_RSS_BOUND < size <= HARNESS_FUZZ_AS_LIMIT), it is recorded as an event of kind
+// "capped", once per request in the campaign, and the driver re-runs it without the cap: the
+// resident memory finding it was. A large ggml buffer is only touched if a later request does
+// (BUFFER_CLEAR): that volume is the live engine's to judge (its RSS bound, its amplification
+// oracle), where such a buffer costs nothing until touched.
+static size_t g_alloc_limit = 0;
+static size_t g_rss_bound = 0;
+static size_t g_as_limit = 0;
+
+static bool refuse_allocation(size_t size, bool touched) {
+    if (g_alloc_limit == 0 || g_running == nullptr || size <= g_alloc_limit) {
+        return false;
+    }
+    g_running->refused += 1;
+    if (touched && g_rss_bound != 0 && size > g_rss_bound && size <= g_as_limit) {
+        char text[160];
+        snprintf(text, sizeof text, "allocation above the resident memory bound refused by "
+                 "the in-process cap: %zu bytes", size);
+        record_survived(text, "capped");
+    }
+    return true;
+}
+
 #ifdef HARNESS_ASAN
 static void on_asan_report(const char * report) {
     write_event("sanitizer", report);  // the process dies right after: one per process
@@ -376,6 +441,33 @@ static void on_asan_report(const char * report) {
 #endif
 
 }  // namespace harness_fuzz
+
+// UBSan's report hook (a weak no-op in its runtime): the report the process is about to die of,
+// as an event of kind "ubsan" holding UBSan's first line. The campaign runs UBSan without its
+// stack trace (print_stacktrace=0: symbolizing it took a fifth of a second at every death, and
+// most deaths are a handful of shallow UBSan reports met again and again); the driver re-runs
+// one input per report line with the stack trace to name the finding.
+extern "C" void __ubsan_get_current_report_data(const char ** kind, const char ** message,
+                                                const char ** filename, unsigned * line,
+                                                unsigned * col, char ** address)
+    __attribute__((weak));
+
+extern "C" void __ubsan_on_report() {
+    if (__ubsan_get_current_report_data == nullptr) {
+        return;
+    }
+    const char * kind = nullptr;
+    const char * message = nullptr;
+    const char * filename = nullptr;
+    unsigned line = 0;
+    unsigned col = 0;
+    char * address = nullptr;
+    __ubsan_get_current_report_data(&kind, &message, &filename, &line, &col, &address);
+    char text[2048];
+    snprintf(text, sizeof text, "%s:%u:%u: runtime error: %s", filename ? filename : "<unknown>",
+             line, col, message ? message : "");
+    harness_fuzz::write_event("ubsan", text);
+}
 
 #ifdef HARNESS_ASAN
 extern "C" void __asan_set_error_report_callback(void (*callback)(const char *));
@@ -389,6 +481,9 @@ extern "C" void __asan_set_error_report_callback(void (*callback)(const char *))
 // new throw as it does without ASan. (ASan's new/delete mismatch check is given up for it.)
 #ifdef HARNESS_ASAN
 static void * harness_alloc(size_t n, size_t align) {
+    if (harness_fuzz::refuse_allocation(n, true)) {
+        return nullptr;
+    }
     void * p = nullptr;
     if (align > alignof(std::max_align_t)) {
         if (posix_memalign(&p, align, n ? n : 1) != 0) {
@@ -417,6 +512,15 @@ void * operator new[](size_t n, std::align_val_t a) {
 }
 void * operator new(size_t n, const std::nothrow_t &) noexcept { return harness_alloc(n, 0); }
 void * operator new[](size_t n, const std::nothrow_t &) noexcept { return harness_alloc(n, 0); }
+// ggml's buffers and contexts come from posix_memalign: ASan's interceptor is a weak symbol,
+// this one wraps it with the cap.
+extern "C" int __interceptor_posix_memalign(void ** memptr, size_t alignment, size_t size);
+extern "C" int posix_memalign(void ** memptr, size_t alignment, size_t size) noexcept {
+    if (harness_fuzz::refuse_allocation(size, false)) {
+        return ENOMEM;
+    }
+    return __interceptor_posix_memalign(memptr, alignment, size);
+}
 void operator delete(void * p) noexcept { free(p); }
 void operator delete[](void * p) noexcept { free(p); }
 void operator delete(void * p, size_t) noexcept { free(p); }
@@ -509,6 +613,15 @@ extern "C" int LLVMFuzzerInitialize(int * argc, char *** argv) {
     harness_fuzz::g_profile.path = getenv("HARNESS_FUZZ_PROFILE");
     if (harness_fuzz::g_profile.path != nullptr) {
         atexit(harness_fuzz::profile_write);
+    }
+    if (const char * limit = getenv("HARNESS_FUZZ_ALLOC_LIMIT")) {
+        harness_fuzz::g_alloc_limit = (size_t)strtoull(limit, nullptr, 10);
+    }
+    if (const char * bound = getenv("HARNESS_FUZZ_RSS_BOUND")) {
+        harness_fuzz::g_rss_bound = (size_t)strtoull(bound, nullptr, 10);
+    }
+    if (const char * limit = getenv("HARNESS_FUZZ_AS_LIMIT")) {
+        harness_fuzz::g_as_limit = (size_t)strtoull(limit, nullptr, 10);
     }
     harness_fuzz::g_abort = getenv("HARNESS_FUZZ_ABORT") != nullptr;
     harness_fuzz::g_abort_only = getenv("HARNESS_FUZZ_ABORT_ONLY");
