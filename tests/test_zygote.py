@@ -137,7 +137,10 @@ def test_a_server_that_binds_around_the_shim_is_restarted_by_exec(tmp_path):
     restarts by exec instead of waiting for a zygote that will not come."""
     p7 = peer("p7")
     argv, env = p7.server_cmd("{host}", 0, None, 1, line_buffered=False)
-    argv = ["env", "-u", "LD_PRELOAD", *(a if a != "0" else "{port}" for a in argv)]
+    # (not env(1): it reads the binary's path, which has a '=' in the peers' cache, as an
+    # assignment)
+    argv = ["sh", "-c", 'unset LD_PRELOAD; exec "$@"', "sh",
+            *(a if a != "0" else "{port}" for a in argv)]
     with pytest.raises(ZygoteUnsupported):
         Zygote.start(argv, env, name="p7", workdir=tmp_path / "z", ready_timeout=15)
 

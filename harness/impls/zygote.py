@@ -86,6 +86,7 @@ class Zygote:
         shim first in LD_PRELOAD and wait for the zygote point. Raises ZygoteUnsupported when
         the server listens without reaching it, ServerStartError when it dies or times out."""
         shim = shim or ensure_zygote_shim()
+        Path(workdir).mkdir(parents=True, exist_ok=True)
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             env = preload_env({**env, CONTROL_FD_ENV: str(theirs.fileno())}, shim)
