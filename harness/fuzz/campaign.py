@@ -182,12 +182,14 @@ class _Worker:
                 # after an upgrade spent its time drawing the walk and building the covering
                 # arrays (a 4 s bench campaign sent nothing), which is set-up, not fuzzing
                 prepare(self.dialect)
+            if self.limits.freeze_wait:
+                # once, so the report says which it is; set-up too (a serial server makes it
+                # wait freeze_wait for a second connection's HELLO: a 3 s campaign lost a third)
+                self.oracles.is_concurrent()
             self.t0 = time.time()
             self.end = self.t0 + self.cfg.duration
             self.runner = CaseRunner(self.target, deadline=self.cfg.deadline,
                                      oracles=self.oracles)
-            if self.limits.freeze_wait:
-                self.oracles.is_concurrent()  # once, so the report says which it is
             # Every server acts on a well-formed COMM_INIT (it listens or connects out), the
             # reference server included since it links like p8: none comes from the fuzzer.
             self.strategy = cases(self.dialect, max_steps=self.cfg.max_steps, local_only=True)
