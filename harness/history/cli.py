@@ -151,6 +151,12 @@ def site_command(folders: list[Path] = typer.Argument(None, help="Report folders
                                               help="all: copy every cell's folder; failing: "
                                               "only failing, crashing, hanging and erroring "
                                               "cells' (a site to publish)."),
+                 accessibility: bool = typer.Option(
+                     False, "--check-accessibility",
+                     help="Run axe-core's WCAG 2.x A/AA rules on the index, one page of each "
+                          "kind (build, cell, transcript, fuzzing, bench, bisect) in headless "
+                          "Chromium at 1366 x 768; their first screens go to "
+                          "OUT/screens/. Exit 1 on any violation."),
                  ):
     """Build the static results site: the newest grid per design with what changed, a page
     per build and per cell with its verdict over runs, fuzzing, bench and bisect history."""
@@ -173,4 +179,29 @@ def site_command(folders: list[Path] = typer.Argument(None, help="Report folders
                       soft_wrap=True)
         for line in broken[:20]:
             console.print(f"  {line}", highlight=False, markup=False, soft_wrap=True)
+        raise typer.Exit(1)
+    if accessibility:
+        _check_accessibility(out)
+
+
+def _check_accessibility(site: Path) -> None:
+    from ..report.a11y import AccessibilityUnavailable, DevToolsError, audit
+    # one page of each kind: each kind is one template
+    chosen = [site / "index.html"] + [
+        next(iter(sorted(site.glob(pattern))), None)
+        for pattern in ("builds/*.html", "cells/*.html", "**/*.rpct.html",
+                        "fuzz*.html", "bench*.html", "bisect*.html")]
+    chosen = [p for p in chosen if p is not None and p.is_file()]
+    try:
+        found = audit(chosen, screenshots=site / "screens")
+    except (AccessibilityUnavailable, DevToolsError) as e:
+        _fail(e)
+    bad = {p: vs for p, vs in found.items() if vs}
+    for page in chosen:
+        console.print(f"{page.relative_to(site)}: "
+                      + (f"[red]{len(bad[page])} accessibility violation(s)" if page in bad
+                         else "no accessibility violation"), highlight=False, soft_wrap=True)
+        for v in bad.get(page, []):
+            console.print(f"  {v.line}", highlight=False, markup=False, soft_wrap=True)
+    if bad:
         raise typer.Exit(1)

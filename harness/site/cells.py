@@ -28,6 +28,9 @@ from .pages import build_href, esc, legend, page, slug, verdict, when
 
 MAX_INLINE_LINES = 400  # of transcript.txt on a cell page; the linked file has them all
 MAX_DECODED_LINES = 5000  # per transcript page; `harness decode FILE` prints every line
+# A decoded exchange scrolls sideways: it takes the keyboard's focus so it can be scrolled
+# without a mouse (axe-core: scrollable-region-focusable)
+EXCHANGE_PRE = "<pre class='exchange' tabindex='0' aria-label='decoded exchange'>"
 MAX_VERDICT_BYTES = 8 << 20  # a verdict.json larger than this is not one the matrix wrote
 MAX_LISTED_FILES = 200  # raw files listed per cell and run
 DECODED = ".html"  # conn0.rpct -> conn0.rpct.html
@@ -72,7 +75,7 @@ def transcript_page(rpct: Path, depth: int) -> str:
         more = (f"<p><small>the first {MAX_DECODED_LINES:,} lines; <code>harness decode "
                 f"{esc(rpct.name)}</code> prints them all</small></p>"
                 if len(lines) > MAX_DECODED_LINES else "")
-        body = (f"<pre class='exchange'>{esc(chr(10).join(lines[:MAX_DECODED_LINES]))}</pre>"
+        body = (f"{EXCHANGE_PRE}{esc(chr(10).join(lines[:MAX_DECODED_LINES]))}</pre>"
                 f"{more}")
     intro = (f"<p>The recorded connection decoded as <code>harness decode {esc(rpct.name)}"
              f"</code> prints it: one line per message, in wire order. "
@@ -134,7 +137,7 @@ def _exchange(root: Path, depth: int, run_folder: str, cell_folder: str) -> str:
                 if total > MAX_INLINE_LINES else "")
         parts.append(f"<p>Every connection of the cell in wire order, as <code>harness decode "
                      f"wire.pcap</code> prints it (<a href='{href}'>transcript.txt</a>):</p>"
-                     f"<pre class='exchange'>{esc(chr(10).join(head))}</pre>{more}")
+                     f"{EXCHANGE_PRE}{esc(chr(10).join(head))}</pre>{more}")
     decoded = sorted(p for p in root.rglob("*.rpct") if p.is_file())
     if decoded:
         rels = [p.relative_to(root) for p in decoded[:MAX_LISTED_FILES]]
