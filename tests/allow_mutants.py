@@ -11,7 +11,7 @@ planted divergence that the shipped list rejects (or, for the kind, be refused w
 The planted divergences are built from the entries themselves: each entry's own divergence (a
 line it allows, :func:`examples`) with the part the widening touches replaced by probe text,
 so that the line lies just outside the entry. A divergence is (kind, command, line), judged by
-the differential's own decision (``differential._allowing``) over the whole list.
+the differential's own decision (``allow_list._allowing``) over the whole list.
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from pathlib import Path
 import yaml
 
 from harness.fuzz.bounds import ACCEPTED_OOB
-from harness.fuzz.differential import DifferentialError, _allowing, _further, load_allow
+from harness.fuzz.allow_list import _allowing, load_allow
+from harness.fuzz.divergence import _further
+from harness.fuzz.errors import DifferentialError
 
 # The words a divergence line is made of, by family: a widening that adds a word's siblings
 # as alternatives allows the lines that carry a sibling.

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from harness.fuzz.differential import SHIPPED_ALLOW_DIR
+from harness.fuzz.allow_list import SHIPPED_ALLOW_DIR
 from allow_mutants import (judge, own_entries, tokens, widenings)
 from test_allow_lists import DEATHS
 
@@ -18,7 +18,7 @@ SHIPPED = sorted(SHIPPED_ALLOW_DIR.glob("allow-*.yaml"))
 
 def _all(tmp_path):
     """(list, widening, verdict) of every widening of every shipped entry."""
-    from harness.fuzz.differential import load_allow
+    from harness.fuzz.allow_list import load_allow
     out = []
     for path in SHIPPED:
         shipped = load_allow(path, defaults=False)
@@ -71,7 +71,7 @@ def test_the_widenings_the_issue_found_are_generated_and_caught(tmp_path, match_
 def test_a_part_of_a_pattern_that_narrows_nothing_is_reported(tmp_path):
     """Planted: a word boundary after \\w+ (always true there) cannot be caught: the test
     goes red on such an entry instead of counting it."""
-    from harness.fuzz.differential import load_allow
+    from harness.fuzz.allow_list import load_allow
     path = tmp_path / "allow-planted.yaml"
     path.write_text("- cmd: '*'\n  kind: close\n"
                     "  match: 'close point: .* <- .*framing:\\w+\\b.* same-step$'\n")

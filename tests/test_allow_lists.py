@@ -11,7 +11,8 @@ import pytest
 from harness.fuzz.bounds import ACCEPTED_OOB
 from harness.fuzz.case import BASE, HANDLE, annotate, sentinel, step
 from harness.fuzz.case_runner import Finding, late_signature
-from harness.fuzz.differential import SHIPPED_ALLOW_DIR, compare, load_allow
+from harness.fuzz.allow_list import SHIPPED_ALLOW_DIR, load_allow
+from harness.fuzz.divergence import compare
 from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.fuzz.signature import Signature
 from harness.fuzz.written import unwritten_ranges
@@ -344,7 +345,7 @@ def test_an_overlapping_copy_leaves_its_destination_undefined():
 
 
 def test_near_handle_is_a_handle_a_few_bytes_off_and_not_one_far_off():
-    from harness.fuzz.differential import NEAR_HANDLE, _close_causes
+    from harness.fuzz.divergence import NEAR_HANDLE, _close_causes
 
     def clear(addend: int):
         return _session(step(pack_request(D7, m.BufferClearRequest(

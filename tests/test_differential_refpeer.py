@@ -16,7 +16,10 @@ import yaml
 
 from harness.data import shipped
 from harness.fuzz.case import BASE, HANDLE, U64_MAX, annotate, sentinel, step
-from harness.fuzz.differential import DifferentialError, answers, load_allow, run_pair
+from harness.fuzz.allow_list import load_allow
+from harness.fuzz.differential import run_pair
+from harness.fuzz.divergence import answers
+from harness.fuzz.errors import DifferentialError
 from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.reference.memory import HANDLE_STEP, MemoryPool
 from harness.proto import get_dialect, pack_request
@@ -209,7 +212,7 @@ def test_shipped_allow_lists_load_and_name_why(proto):
 
 
 def test_an_allow_entry_covers_only_what_its_match_names():
-    from harness.fuzz.differential import _allowed
+    from harness.fuzz.allow_list import _allowed
     entries = load_allow(ALLOW["7.0.0"], defaults=False)
     death = ("p7 broke: crash SIGABRT ggml-backend.cpp:360: GGML_ASSERT(offset + size <= "
              'ggml_nbytes(tensor) && "tensor read out of bounds") failed / survived')
@@ -231,7 +234,7 @@ def test_an_allow_entry_covers_only_what_its_match_names():
 
 
 def test_a_close_after_a_freed_buffer_is_tagged_stale_base_only_then():
-    from harness.fuzz.differential import _close_causes
+    from harness.fuzz.divergence import _close_causes
     d = get_dialect("7.0.0")
     read = _get(d, _f32(d, 1, 0))
     free = step(pack_request(d, m.FreeBufferRequest(H0)), "FREE_BUFFER")
@@ -272,7 +275,7 @@ def test_a_stale_handle_close_is_allowed_and_nothing_broader(proto):
     request in between took the chunk (p8 closed on the stale BUFFER_GET_BASE after one
     session and answered it after others); the shipped entry allows a close point at a step
     naming a freed, not reallocated buffer by its handle, and no other close."""
-    from harness.fuzz.differential import compare
+    from harness.fuzz.divergence import compare
     d = get_dialect(proto)
     allow = load_allow(ALLOW[proto])
     labels = (REAL[proto], f"ref-{proto}")
@@ -336,7 +339,7 @@ def test_an_allow_list_entry_that_repeats_an_included_one_is_refused(tmp_path):
 
 
 def test_the_p7f_direct_receive_assert_is_allowed_for_p7f_only():
-    from harness.fuzz.differential import _allowed
+    from harness.fuzz.allow_list import _allowed
     flags = load_allow(shipped("differential", "allow-7.0.0+flags.yaml"), defaults=False)
     assertion = ('crash SIGABRT ggml-rpc.cpp:1773: GGML_ASSERT(header.offset + size <= '
                  'ggml_nbytes(tensor) && "tensor write out of bounds") failed')
@@ -364,7 +367,7 @@ def _ran(status: str, proven: int, bases: tuple[int, ...]) -> Outcome:
 
 
 def test_cross_base_names_a_pointer_past_another_buffer_and_only_that():
-    from harness.fuzz.differential import _close_causes
+    from harness.fuzz.divergence import _close_causes
     d = get_dialect("8.0.0")
     p8_like = _ran(OK, 7, (0x1000, 0x1000 + 0x480))  # buffer 1 right after buffer 0
     spaced = _ran(CLOSED, 5, (0x7a0000000000, 0x7a0000101000))  # the reference's layout

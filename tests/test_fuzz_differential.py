@@ -13,8 +13,11 @@ import sys
 import pytest
 
 from harness.fuzz.case import annotate, step
-from harness.fuzz.differential import (DifferentialConfig, DifferentialError, _Pair, compare,
-                                       load_allow, replay_differential, run_differential)
+from harness.fuzz.allow_list import load_allow
+from harness.fuzz.differential import (DifferentialConfig, _Pair, replay_differential,
+                                       run_differential)
+from harness.fuzz.divergence import compare
+from harness.fuzz.errors import DifferentialError
 from harness.fuzz.execute import CLOSED, OK, Outcome
 from harness.proto import get_dialect, pack_request
 from harness.proto import messages as m

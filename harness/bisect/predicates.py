@@ -202,8 +202,8 @@ class DifferentialPredicate(_Built):
                 f"of seed {self.seed}, the dialect's shipped allow-list")
 
     def ask(self, build: str) -> PredicateAnswer:
-        from ..fuzz.differential import DifferentialConfig, run_differential, \
-            shipped_allow_list
+        from ..fuzz.allow_list import shipped_allow_list
+        from ..fuzz.differential import DifferentialConfig, run_differential
         from ..fuzz.target_spec import TargetSpec
         from ..fuzz.errors import TargetError
         try:

@@ -18,7 +18,9 @@ Modules, in the order data flows:
 * :mod:`.campaign` -- workers, hypothesis rounds, dedupe, shards; :mod:`.evolve` -- the
   evolving corpus (new-behaviour entries, mutated with a plain PRNG); :mod:`.shrink` -- ddmin
   and reproducer folders; :mod:`.replay`; :mod:`.report`; :mod:`.merge` -- shard folders into
-  one campaign; :mod:`.differential` -- two servers, the same sessions, every divergence;
+  one campaign; :mod:`.differential` -- two servers, the same sessions, every divergence
+  (:mod:`.divergence` compares two runs, :mod:`.allow_list` the differences that are not bugs,
+  :mod:`.differential_report` its report.md);
   :mod:`.client` -- client targets;
 * :mod:`.throughput` -- messages/s through one connection (for ``harness bench``).
 """

@@ -184,7 +184,7 @@ def default_allow(console: Console, pair: tuple[str, str], dialect: str | None,
                   allow: Path | None, no_allow: bool) -> Path | None:
     """The allow-list a differential uses: ``allow``, else the one shipped for the pair's
     dialect (harness/data/differential), unless ``no_allow`` (the built-in entries only)."""
-    from .differential import shipped_allow_list
+    from .allow_list import shipped_allow_list
     from .target_spec import TargetSpec
     if allow is not None or no_allow:
         return allow

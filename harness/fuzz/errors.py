@@ -11,3 +11,7 @@ class FuzzError(HarnessError):
 
 class TargetError(FuzzError, RuntimeError):
     """The target cannot be resolved or started."""
+
+
+class DifferentialError(FuzzError, ValueError):
+    """Bad differential set-up (allow-list file, targets of different dialects)."""

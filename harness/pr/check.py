@@ -296,7 +296,8 @@ def _run_cells(cfg: PrConfig, result: PrResult, console, progress, say) -> None:
 
 
 def _run_differential(cfg: PrConfig, result: PrResult, say) -> None:
-    from ..fuzz.differential import DifferentialConfig, run_differential, shipped_allow_list
+    from ..fuzz.allow_list import shipped_allow_list
+    from ..fuzz.differential import DifferentialConfig, run_differential
 
     build = result.build
     allow = shipped_allow_list(build.dialect)

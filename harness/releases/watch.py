@@ -202,7 +202,8 @@ def _releases(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say
 
 
 def _differential(cfg: WatchConfig, report: WatchReport, usable: dict[str, str], say) -> None:
-    from ..fuzz.differential import DifferentialConfig, run_differential, shipped_allow_list
+    from ..fuzz.allow_list import shipped_allow_list
+    from ..fuzz.differential import DifferentialConfig, run_differential
     from ..fuzz.target_spec import TargetSpec
     from ..fuzz.errors import TargetError
 
