@@ -88,9 +88,14 @@ def release_cells(matrix: Matrix, peers: Iterable[str] | None = None) -> list[Ce
 
 
 def expectation_for(matrix: Matrix, cell: Cell) -> Expectation:
-    """The first of matrix.yaml's ``expectations`` that matches the cell; where none does, the
-    version rule on the two implementations' dialects (``releases.predict``: the HELLO layout,
-    then ``client_accepts``)."""
+    """The version rule for a releases cell (its builds' dialects); else the first of
+    matrix.yaml's ``expectations`` that matches the cell, and where none does, the version rule
+    on the two implementations' dialects (``releases.predict``: the HELLO layout, then
+    ``client_accepts``)."""
+    if cell.design == RELEASES:  # registry builds, not matrix.yaml's implementations
+        from ..impls.adapters import adapter_for_peer
+        return predict(adapter_for_peer(cell.client).dialect,
+                       adapter_for_peer(cell.server).dialect)
     for e in matrix.expectations:
         designs = [e.design] if isinstance(e.design, str) else e.design
         if designs is not None and cell.design not in designs:

@@ -37,7 +37,6 @@ from .rdma_soft import TRANSPORT as RDMA_SOFT
 from .rdma_soft import SoftRdmaCell, rdma_pin
 from .rdma_soft import unavailable as soft_unavailable
 from .evidence import wire_evidence
-from .releases import predict
 from .verdict import ERROR, HANG, PASS, Verdict, describe, judge
 
 
@@ -361,7 +360,7 @@ def plan(matrix: Matrix, cells: list[Cell]) -> list[PlannedCell]:
     for cell in cells:
         if cell.design == RELEASES:
             c, s = adapter_for_peer(cell.client), adapter_for_peer(cell.server)
-            out.append(PlannedCell(cell, predict(c.dialect, s.dialect), c, s))
+            out.append(PlannedCell(cell, expectation_for(matrix, cell), c, s))
         else:
             roles = matrix.designs[cell.design].roles
             other = roles["new-server" if cell.server_role == "old-server" else "old-server"]
