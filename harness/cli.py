@@ -690,7 +690,7 @@ def fuzz_prep(
     unpack the pin's sources (sha256-checked, cached) and print its llama.cpp tree."""
     from .fuzz.libfuzzer.build import BuildError, pin_source
     from .fuzz.libfuzzer.corpus import write_seed_corpus
-    from .fuzz.libfuzzer.engine import LibFuzzerConfig
+    from .fuzz.libfuzzer.config import LibFuzzerConfig
 
     try:
         source, dialect = pin_source(pin)

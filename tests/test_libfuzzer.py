@@ -13,7 +13,9 @@ import pytest
 from harness.fuzz.case import BASE, HANDLE, find_relocs, sentinel
 from harness.fuzz.libfuzzer import corpus as lfc
 from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
-from harness.fuzz.libfuzzer.engine import Timeline, _class_of, _frame_start, signature_of
+from harness.fuzz.libfuzzer.engine import _class_of
+from harness.fuzz.libfuzzer.running import Timeline
+from harness.fuzz.libfuzzer.triage import _frame_start, signature_of
 from harness.fuzz.signature import death_line
 from harness.proto import Cmd, get_dialect
 from needs import built
@@ -213,7 +215,8 @@ def test_target_and_live_executor_relocate_the_same_u64s(tmp_path):
 @pytest.mark.realpeer
 @pytest.mark.slow
 def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
-    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig
+    from harness.fuzz.libfuzzer.engine import run_libfuzzer_campaign
     _p7_target()
     folder, report = run_libfuzzer_campaign(LibFuzzerConfig(
         target="p7", duration=75, seed=1, out=tmp_path / "r", seeds_valid=30,
@@ -245,7 +248,7 @@ def test_short_libfuzzer_campaign_reports_and_replays(tmp_path):
 def test_execution_profile_accounts_for_every_phase_of_every_run(tmp_path):
     """The target's phase clock: one set-up and one teardown per execution, one phase per
     request read, shares that add up; a GRAPH_COMPUTE input puts time under GRAPH_COMPUTE."""
-    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, sanitizer_env
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig, sanitizer_env
     from harness.fuzz.libfuzzer.profile import ProfileError, profile_corpus, render_markdown
     build = _p7_target()
     cases = [c for c in valid_cases(60) if any(s.cmd == "GRAPH_COMPUTE" for s in c.steps)][:3]
@@ -289,12 +292,13 @@ def test_a_campaign_that_executes_nothing_says_so_and_keeps_the_log(tmp_path, mo
     from types import SimpleNamespace
 
     from harness.fuzz.libfuzzer import engine
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig
     silent = tmp_path / "silent-fuzzer"
     silent.write_text("#!/bin/sh\necho 'INFO: Seed: 1' >&2\necho 'ERROR: planted' >&2\nexit 1\n")
     silent.chmod(0o755)
     monkeypatch.setattr(engine, "build_target",
                         lambda *a, **k: SimpleNamespace(binary=silent))
-    folder, report = engine.run_libfuzzer_campaign(engine.LibFuzzerConfig(
+    folder, report = engine.run_libfuzzer_campaign(LibFuzzerConfig(
         target="p7", duration=1, seed=1, out=tmp_path / "r", seeds_valid=2, seeds_mutated=2,
         coverage=False))
     assert report["executions"] == 0
@@ -307,7 +311,7 @@ def test_fuzzer_stuck_in_a_child_does_not_hang_the_campaign(tmp_path):
     running it keep the parent's stderr open: the hard stop must end the whole group."""
     import time
 
-    from harness.fuzz.libfuzzer.engine import _run_fuzzer
+    from harness.fuzz.libfuzzer.running import _run_fuzzer
     fake = tmp_path / "fuzzer"
     fake.write_text("#!/bin/sh\necho '#5: cov: 7 ft: 7 corp: 1 exec/s: 5' >&2\n"
                     "sleep 300 &\nsleep 300\n")
@@ -339,8 +343,8 @@ def test_rss_is_bounded_by_the_sanitizer_runtime_not_libfuzzers_rss_thread(tmp_p
     """libFuzzer's -rss_limit_mb handler stops the world to print a memory profile, which can
     deadlock a job for good; the bound is ASan's hard_rss_limit_mb, a memory finding."""
     from harness.fuzz.case import HANDLE, sentinel
-    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, libfuzzer_args, rerun, \
-        sanitizer_env
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig, libfuzzer_args, sanitizer_env
+    from harness.fuzz.libfuzzer.running import rerun
     from harness.proto.codec import pack_request
     from harness.proto.messages import AllocBufferRequest, BufferClearRequest, HelloRequest
     build = _p7_target()
@@ -369,7 +373,7 @@ def test_in_process_rss_bound_is_the_limit_above_the_targets_own_memory(tmp_path
     """An input passes the bound in process only if it grew the target's RSS by --rss-limit:
     libFuzzer's and the target's own memory (tens of MiB a live server does not have) does
     not count, so a memory finding is not an artefact of running in process."""
-    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, rss_baseline_mb, sanitizer_env
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig, rss_baseline_mb, sanitizer_env
     build = _p7_target()
     cfg = LibFuzzerConfig(target="p7", rss_limit=256 << 20)
     baseline = rss_baseline_mb(build.binary, D, tmp_path, sanitizer_env(cfg, None))

@@ -9,9 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from harness.fuzz.libfuzzer import engine
-from harness.fuzz.libfuzzer.engine import IN_PROCESS_ALLOC_LIMIT, LibFuzzerConfig, \
-    libfuzzer_args, sanitizer_env, triage
+from harness.fuzz.libfuzzer import running, triage as triage_module
+from harness.fuzz.libfuzzer.config import IN_PROCESS_ALLOC_LIMIT, LibFuzzerConfig, \
+    libfuzzer_args, sanitizer_env
+from harness.fuzz.libfuzzer.triage import triage
 from harness.proto import get_dialect
 from harness.proto.codec import pack_request
 from harness.proto.messages import AllocBufferRequest, GraphComputeRequest, HelloRequest
@@ -78,7 +79,7 @@ def _fake_rerun(monkeypatch, log: str | None) -> list[bytes]:
         assert "HARNESS_FUZZ_ALLOC_LIMIT" not in env  # named as a live server would
         return log
 
-    monkeypatch.setattr(engine, "rerun", rerun)
+    monkeypatch.setattr(running, "rerun", rerun)
     return ran
 
 
@@ -97,7 +98,7 @@ def test_ubsan_events_are_named_by_one_rerun_of_their_smallest_input(tmp_path, m
     assert t.seen[sig] == 2 and failure.data == small and t.unconfirmed == 0
     # Planted fault: taken as written, the event names the finding by UBSan's line alone,
     # which no live sanitizer server's report (with its stack) would match.
-    monkeypatch.setattr(engine, "_needs_rerun", lambda head: False)
+    monkeypatch.setattr(triage_module, "_needs_rerun", lambda head: False)
     planted = triage(Path("target"), events, artifacts, D, {}, 5.0)
     assert all("ggml_is_empty" not in s.line for s in planted.found)
 
@@ -121,7 +122,7 @@ def test_what_failed_after_the_cap_refused_memory_is_reported_only_if_it_fails_w
     assert "GGML_ASSERT(ctx->mem_buffer != NULL)" in next(iter(t.found)).line
     # Planted fault: a capped event taken as written is reported although the live server,
     # which has no cap, would not fail that way.
-    monkeypatch.setattr(engine, "_needs_rerun", lambda head: False)
+    monkeypatch.setattr(triage_module, "_needs_rerun", lambda head: False)
     assert triage(Path("target"), capped, artifacts, D, {}, 5.0).found
 
 
@@ -152,7 +153,7 @@ def test_the_target_records_ubsan_deaths_and_what_the_cap_refused(tmp_path):
         events.mkdir()
         _run(build.binary, data, tmp_path, sanitizer_env(cfg, events, fuzzing=fuzzing))
         ((event,),) = [list(events.glob("*.event"))]
-        runs[name] = engine._read_event(event)
+        runs[name] = triage_module._read_event(event)
     head, body = runs["capped"]
     assert head["kind"] == "ubsan" and head["capped"] == "1"
     assert "ggml.c:1556" in body and "runtime error: " in body
@@ -207,7 +208,7 @@ def test_a_receive_buffer_the_cap_refused_past_the_rss_bound_is_still_a_memory_f
     artifacts.mkdir()
     _run(build.binary, data, tmp_path, sanitizer_env(cfg, events, baseline, fuzzing=True))
     ((event,),) = [list(events.glob("*.event"))]
-    assert engine._read_event(event)[0]["kind"] == "capped"
+    assert triage_module._read_event(event)[0]["kind"] == "capped"
     t = triage(build.binary, events, artifacts, D, sanitizer_env(cfg, None, baseline), 60.0)
     assert [(s.kind, s.line, s.command) for s in t.found] == [
         ("memory", "AddressSanitizer: out-of-memory (rss)", "GRAPH_COMPUTE")]

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 
 from harness.fuzz import sanitizer
-from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, replay_target
+from harness.fuzz.libfuzzer.config import LibFuzzerConfig
+from harness.fuzz.libfuzzer.engine import replay_target
 from harness.fuzz.replay import ReplayResult
 from harness.fuzz.signature import Signature
 from needs import built, peer
@@ -112,8 +113,10 @@ def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-o
              live_peer: str = "p7+asan+ubsan") -> tuple[Path, dict]:
     """A fixture input through the engine's triage and save steps, as a campaign would
     (``command`` None: whichever request was running)."""
-    from harness.fuzz.libfuzzer.engine import (Failure, _save, rerun, rss_baseline_mb,
-                                               sanitizer_env, signature_of)
+    from harness.fuzz.libfuzzer.config import rss_baseline_mb, sanitizer_env
+    from harness.fuzz.libfuzzer.engine import _save
+    from harness.fuzz.libfuzzer.running import rerun
+    from harness.fuzz.libfuzzer.triage import Failure, signature_of
     binary = _builds(live_peer).binary
     data_path = FIX / fixture
     data = data_path.read_bytes()

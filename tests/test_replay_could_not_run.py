@@ -15,7 +15,8 @@ from harness.fuzz.campaign import CampaignConfig, Progress, _Worker
 from harness.fuzz.case import annotate, step
 from harness.fuzz.case_runner import Finding
 from harness.fuzz.libfuzzer import engine
-from harness.fuzz.libfuzzer.engine import LibFuzzerConfig
+from harness.fuzz.libfuzzer.config import ENGINE, LibFuzzerConfig
+from harness.fuzz.libfuzzer.triage import Failure
 from harness.fuzz.report import (build_report, campaign_problems, render_markdown,
                                  replay_problems)
 from harness.fuzz.signature import Signature
@@ -47,7 +48,7 @@ def _lf_report(cfg: LibFuzzerConfig, findings: list[dict]) -> dict:
                            "statuses": {}, "coverage": {}}
     progress.findings = findings
     report = build_report(cfg, TargetSpec.parse(cfg.target), progress)
-    report.update({"engine": engine.ENGINE, "executions": 5000, "executions_per_s": 500.0,
+    report.update({"engine": ENGINE, "executions": 5000, "executions_per_s": 500.0,
                    "fuzz_seconds": 10.0, "edges": 100, "features": 200, "corpus_size": 30,
                    "edges_over_time": [], "seeds": 10, "imported": 0, "exported_cases": 30,
                    "artifacts_not_rerun": 0, "findings_by_class": {}, "rss_baseline_mb": 40,
@@ -60,7 +61,7 @@ def _lf_report(cfg: LibFuzzerConfig, findings: list[dict]) -> dict:
 def test_an_in_process_finding_whose_live_server_will_not_start(tmp_path):
     cfg = LibFuzzerConfig(target="p7", sanitizer_target=_never_listens(), out=tmp_path)
     data = (ROOT / "fixtures" / "libfuzzer" / "copy-tensor-overlap.bin").read_bytes()
-    failure = engine.Failure(Signature("crash", "exit 1", OVERLAP, "COPY_TENSOR"), data,
+    failure = Failure(Signature("crash", "exit 1", OVERLAP, "COPY_TENSOR"), data,
                              "planted", "planted")
     finding = engine._save(cfg, failure, tmp_path, "7.0.0", Counter({failure.signature: 1}))
     assert finding["replays"] is None and "exited before listening" in finding["replay_error"]
@@ -80,7 +81,7 @@ def test_an_in_process_finding_whose_sanitizer_build_is_missing(tmp_path):
     assert got["replays"] is None and got["replay_error"] == "p9+asan+ubsan is not built"
     # planted: the record as it was (replays None, no error named) fails nothing
     old = {k: v for k, v in got.items() if k != "replay_error"}
-    ran = {"engine": engine.ENGINE, "executions": 5000}
+    ran = {"engine": ENGINE, "executions": 5000}
     assert campaign_problems({**ran, "findings": [{"id": "x", **old}]}) == []
     assert campaign_problems({**ran, "findings": [{"id": "x", **got}]}) != []
 

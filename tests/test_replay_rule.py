@@ -12,7 +12,7 @@ import pytest
 
 from harness.fuzz import client_targets, replay as tcp_replay, signature as sig_mod
 from harness.fuzz.client_targets import ClientOutcome, ClientReplayResult
-from harness.fuzz.libfuzzer import engine
+from harness.fuzz.libfuzzer import running, triage as lf_triage
 from harness.fuzz.rdma import campaign as rdma_campaign, replay as rdma_replay
 from harness.fuzz.rdma.campaign import RdmaOutcome
 from harness.fuzz.rdma.plans import RdmaCase
@@ -72,7 +72,7 @@ def test_a_death_without_its_log_line_is_not_the_finding(path):
 
 
 def test_every_path_uses_the_one_rule():
-    for module in (tcp_replay, rdma_replay, rdma_campaign, client_targets, engine):
+    for module in (tcp_replay, rdma_replay, rdma_campaign, client_targets, lf_triage):
         assert module.reproduces is sig_mod.reproduces, module.__name__
 
 
@@ -89,9 +89,9 @@ def _fake_minimiser(tmp_path: Path) -> Path:
 
 
 def _minimised(tmp_path, monkeypatch, saved: Signature, rerun_log: str | None) -> bool:
-    monkeypatch.setattr(engine, "rerun", lambda *a, **k: rerun_log)
-    failure = engine.Failure(saved, bytes(100), "", "planted")
-    data, kept = engine.minimise(_fake_minimiser(tmp_path), failure, "7.0.0", dict(os.environ),
+    monkeypatch.setattr(running, "rerun", lambda *a, **k: rerun_log)
+    failure = lf_triage.Failure(saved, bytes(100), "", "planted")
+    data, kept = lf_triage.minimise(_fake_minimiser(tmp_path), failure, "7.0.0", dict(os.environ),
                                  tmp_path / "work", seconds=30, deadline=1)
     assert kept == (len(data) == 99)
     return kept

@@ -87,7 +87,7 @@ def test_the_suppression_file_is_the_one_both_builds_read():
     assert {e.split(":")[0] for e in entries} <= set(sanitize.RECOVERABLE)
     assert sanitize.RUNTIME_OPTIONS["undefined"]["suppressions"] == str(sanitize.UBSAN_SUPPRESSIONS)
     assert "-fsanitize-recover=pointer-overflow" in SANITIZER_FLAGS.split()
-    from harness.fuzz.libfuzzer.engine import LibFuzzerConfig, sanitizer_env
+    from harness.fuzz.libfuzzer.config import LibFuzzerConfig, sanitizer_env
     env = sanitizer_env(LibFuzzerConfig(target="p7"), None)
     assert f"suppressions={sanitize.UBSAN_SUPPRESSIONS}" in env["UBSAN_OPTIONS"]
 

@@ -84,7 +84,8 @@ def fuzz_command(console: Console, *, target: str | None, dialect: str | None, d
         runner = run_differential
         target = f"{differential[0]} vs {differential[1]}"
     elif engine == "libfuzzer":
-        from .libfuzzer.engine import LibFuzzerConfig, run_libfuzzer_campaign
+        from .libfuzzer.config import LibFuzzerConfig
+        from .libfuzzer.engine import run_libfuzzer_campaign
         cfg = LibFuzzerConfig(target=target, duration=seconds, seed=seed, workers=workers,
                               out=out, deadline=deadline, rss_limit=rss_limit,
                               as_limit=as_limit, corpus=corpus, keep_work=keep_work)

@@ -182,7 +182,7 @@ def render_markdown(p: dict | None, campaign_rate: float | None = None) -> list[
 
 def main(argv: list[str] | None = None) -> int:
     from .build import build_target
-    from .engine import LibFuzzerConfig, sanitizer_env
+    from .config import LibFuzzerConfig, sanitizer_env
     from ..target_spec import TargetSpec
 
     args = sys.argv[1:] if argv is None else argv
