@@ -111,7 +111,7 @@ class Target:
         self._launches = 0
         self._log_offsets: dict[str, int] = {}
         # Restarts by fork (see harness.impls.zygote) for the real servers a campaign
-        # restarts: a p7 restart by exec costs 5 ms of CPU, by fork a fifth of that. Not with
+        # restarts: a p7 restart by exec costs about 5 ms of CPU, by fork 0.3 ms. Not with
         # the hash cache (children would share its files), not for sanitizer builds (ASan's
         # RSS-limit thread does not survive a fork), not for containers or the reference.
         self.forking = fork and standby and not cache and spec.kind in ("peer", "binary")
