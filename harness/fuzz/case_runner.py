@@ -180,6 +180,16 @@ class CaseRunner:
     def _judge_now(self, case: Case, out: Outcome, *, lockstep: bool = False) -> Finding | None:
         """What can be said from this connection alone (no waiting unless it looks bad)."""
         if out.status == PROTOCOL:
+            if self._memory is None:
+                # a server still busy with what it allocated (zeroing a huge buffer) keeps the
+                # connection open past the close deadline: its peak memory, not the open
+                # connection, is the finding (on a loaded machine the growth samples during
+                # the run may all fall in a pause; the peak the kernel kept says so)
+                peak = self.target.peak_rss()
+                if peak and self.target.rss_limit and peak > self.target.rss_limit:
+                    self._memory = peak
+            if self._memory is not None:
+                return self._memory_verdict(case, out)
             return Finding(Signature("protocol", "", _generic(out.detail),
                                      culprit(case, out, lockstep=lockstep)), case, out.detail, out)
         if out.status in (HANG, REFUSED):
