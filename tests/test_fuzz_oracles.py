@@ -313,3 +313,44 @@ def test_a_server_busy_past_the_deadline_is_late_not_stopped(tmp_path, monkeypat
         assert verdict is not None and "busy past" not in verdict.signature.line, verdict
     finally:
         target.stop()
+
+
+def test_memory_settles_only_while_a_request_may_still_be_running(monkeypatch):
+    """An isolated check waits for the RSS to settle only when the server may still be
+    working on the case: its last request unanswered and the connection open. Answered or
+    closed, one sample is the settled value (the wait was half of a campaign's minimising)."""
+    from harness.fuzz import oracles as oracles_mod
+    from harness.fuzz.execute import CLOSED, OK, Outcome
+    hello = step(hello_request_frame(D7), "HELLO")
+    align = step(pack_request(D7, GetAlignmentRequest(device=0)), "GET_ALIGNMENT")
+    upload = step(bytes([D7.id_of(SetTensorRequest.cmd)]) + (64).to_bytes(8, "little")
+                  + bytes(64), "SET_TENSOR")
+    answered = annotate(D7, (hello, align))
+    unanswered = annotate(D7, (hello, upload))
+    assert oracles_mod._caught_up(answered, Outcome(OK, progress=2))
+    assert oracles_mod._caught_up(unanswered, Outcome(CLOSED, progress=1))
+    assert not oracles_mod._caught_up(unanswered, Outcome(OK, progress=2))
+    assert not oracles_mod._caught_up(answered, Outcome(OK, progress=1))
+
+    class Counting(oracles_mod.Oracles):
+        settles = 0
+
+        def __init__(self):  # only what during() reads
+            self.limits, self.local, self._rss_during = OracleLimits(), True, None
+
+        def _settled_rss(self):
+            Counting.settles += 1
+            return 1
+
+        def _rss(self):
+            return 1
+
+    o = Counting()
+    o.during(answered, Outcome(OK, progress=2), isolated=True)
+    assert Counting.settles == 0
+    o.during(unanswered, Outcome(OK, progress=2), isolated=True)
+    assert Counting.settles == 1
+    # planted: every check settles again
+    monkeypatch.setattr(oracles_mod, "_caught_up", lambda case, out: False)
+    o.during(answered, Outcome(OK, progress=2), isolated=True)
+    assert Counting.settles == 2
