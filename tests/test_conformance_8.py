@@ -128,7 +128,8 @@ def test_a_wrong_expectation_is_reported():
     planted = dataclasses.replace(case, expect=CLOSED)
     srv = _reference("8.0.0")
     try:
-        result = run_case(planted, srv.host, srv.port, dialect="8.0.0", observe_wait=0.2)
+        result = run_case(planted, srv.host, srv.port, dialect="8.0.0", observe_wait=0.2,
+                          close_wait=0.5)
     finally:
         srv.stop()
     assert result.outcome == OPEN and not result.ok
@@ -160,3 +161,32 @@ def test_a_2d_read_far_larger_than_its_buffer_closes_instead_of_hanging():
             assert s.observe(5.0)[0] == CLOSED
     finally:
         srv.stop()
+
+
+def test_a_late_close_is_a_close_and_a_short_wait_would_call_it_open():
+    """A case that expects a close waits for it (close_wait): on a loaded machine the reference
+    closed after the 0.2 s a case expecting 'open' waits, and the catalogue called it open."""
+    import socket
+    import threading
+    import time
+    from types import SimpleNamespace
+    from harness.conformance.raw import CLOSED as RAW_CLOSED, OPEN as RAW_OPEN
+
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def late_closer():
+        for _ in range(2):
+            conn, _ = listener.accept()
+            time.sleep(0.6)
+            conn.close()
+    threading.Thread(target=late_closer, daemon=True).start()
+    port = listener.getsockname()[1]
+    case = SimpleNamespace(id="late-close", run=lambda new: new(),
+                           expect_for=lambda dialect: RAW_CLOSED)
+    try:
+        assert run_case(case, "127.0.0.1", port, observe_wait=0.2).outcome == RAW_CLOSED
+        # planted: the old rule, one short wait whatever the case expects
+        assert run_case(case, "127.0.0.1", port, observe_wait=0.2,
+                        close_wait=0.2).outcome == RAW_OPEN
+    finally:
+        listener.close()

@@ -24,7 +24,12 @@ class CaseResult:
 
 
 def run_case(case: ConformanceCase, host: str, port: int, *, dialect: str = DEFAULT.name,
-             timeout: float = 5.0, observe_wait: float = 0.5) -> CaseResult:
+             timeout: float = 5.0, observe_wait: float = 0.5,
+             close_wait: float = 5.0) -> CaseResult:
+    """Run one case and observe what the server does next: within ``observe_wait`` for a case
+    that expects the connection to stay open (the whole wait is paid), within ``close_wait``
+    for one that expects a close or an answer (the wait ends when it comes: a loaded machine
+    must not turn a late close into 'open')."""
     opened: list[RawSession] = []
 
     def new() -> RawSession:
@@ -45,7 +50,8 @@ def run_case(case: ConformanceCase, host: str, port: int, *, dialect: str = DEFA
                               expected)
         except Exception as e:  # a decoding error: the server answered something odd
             return CaseResult(case, "error", f"{type(e).__name__}: {e}", expected)
-        outcome, detail = s.observe(observe_wait)
+        outcome, detail = s.observe(observe_wait if expected == OPEN
+                                    else max(observe_wait, close_wait))
         return CaseResult(case, outcome, detail, expected)
     finally:
         for x in opened:
