@@ -201,7 +201,17 @@ def run_differential(cfg: DifferentialConfig, *,
         t0 = time.time()  # the servers' start is set-up too
         end = t0 + cfg.duration
 
-        def one(case: Case) -> None:
+        # divergences the deterministic phases find, minimised once those phases are done:
+        # minimising one (up to shrink_seconds) inside them spent their share of the duration
+        deferred: list[tuple[Case, Divergence, float]] = []
+
+        def minimise(case: Case, div: Divergence, found_after: float) -> None:
+            findings.append(_minimise_and_save(cfg, pair, allow, case, div, out, dialect,
+                                               found_after))
+            progress.handle({"type": "finding", "finding": findings[-1]})
+            emit()
+
+        def one(case: Case, *, defer: bool = False) -> None:
             used: list[dict] = []
             div, runs = pair.judge(case, allow, used)
             stats["cases"] += 1
@@ -221,10 +231,10 @@ def run_differential(cfg: DifferentialConfig, *,
             if key in seen:
                 return
             seen.add(key)
-            findings.append(_minimise_and_save(cfg, pair, allow, case, div, out, dialect,
-                                               time.time() - t0))
-            progress.handle({"type": "finding", "finding": findings[-1]})
-            emit()
+            if defer:
+                deferred.append((case, div, time.time() - t0))
+            else:
+                minimise(case, div, time.time() - t0)
 
         if sweeping:
             stats["sweep_total"] = sweep_size(dialect, local_only=local_only, only=cfg.phases)
@@ -236,7 +246,7 @@ def run_differential(cfg: DifferentialConfig, *,
             for item in sweep_cases(dialect, local_only=local_only, only=cfg.phases):
                 if not more() or time.time() >= stop:
                     break
-                one(item.case)
+                one(item.case, defer=True)
                 stats["sweep_done"] += 1
                 now = time.time()
                 sweep_timing[f"sweep:{item.part}"] += now - last
@@ -245,6 +255,8 @@ def run_differential(cfg: DifferentialConfig, *,
                 stats["sweep_total"] = stats["sweep_done"]
             sweep_seconds = time.time() - s0
             emit()
+            for found in deferred:
+                minimise(*found)
         round_no = 0
         # after a --sweep-only sweep, random sessions only up to max_cases
         while more() and not (cfg.sweep_only and cfg.max_cases is None):
