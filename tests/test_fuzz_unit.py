@@ -448,3 +448,83 @@ def test_a_libc_fault_saved_without_its_caller_is_the_one_now_named_with_it():
     other = Signature("crash", "SIGSEGV", "SIGSEGV null page in libc.so.6 page 0x168000 from "
                       "libggml-base.so page 0x16000", "SET_TENSOR")
     assert not ReplayResult(old, other, "", "p8", 3).matches(across_builds=False)
+
+
+# ---------------------------------------------------------------- pinning a close
+
+def _closing_server(close_after: int):
+    """A server that answers nothing and closes once it has read ``close_after`` bytes."""
+    import socket
+    import threading
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            got = 0
+            with conn:
+                while got < close_after:
+                    data = conn.recv(close_after - got)
+                    if not data:
+                        break
+                    got += len(data)
+    threading.Thread(target=serve, daemon=True).start()
+    return listener
+
+
+def _silent_steps(n: int) -> Case:
+    from harness.fuzz.case import Step
+    return Case("7.0.0", tuple(Step(bytes([i]) * 16, f"S{i}") for i in range(n)))
+
+
+@pytest.mark.parametrize("pin_from", [0, 4])
+def test_lockstep_pins_the_close_and_waits_only_from_pin_from(pin_from, monkeypatch):
+    """Steps before pin_from get no close wait but the last of them; the close is still pinned
+    to its step when it lies at or after pin_from - 1."""
+    from harness.fuzz.execute import Executor
+    listener = _closing_server(16 * 6)  # closes on step 5
+    waits = []
+    real = Executor._peek_end
+    monkeypatch.setattr(Executor, "_peek_end",
+                        lambda self, sock, out, cmd, wait: (waits.append(cmd),
+                                                            real(self, sock, out, cmd, 0.5))[1])
+    try:
+        out = Executor("127.0.0.1", listener.getsockname()[1]).run(
+            _silent_steps(8), lockstep=True, pin_from=pin_from)
+    finally:
+        listener.close()
+    assert out.status == CLOSED and out.at == 5, (out.status, out.at, out.detail)
+    assert waits == [f"S{i}" for i in range(max(pin_from - 1, 0), 6)]
+
+
+def test_a_close_before_pin_from_is_pinned_by_a_full_lockstep_run(tmp_path, monkeypatch):
+    """A close among the steps not pinned (a run unlike the one that chose pin_from) shows at
+    pin_from - 1 or before: the runner runs the case again, pinning every step."""
+    from harness.fuzz.case_runner import CaseRunner
+    from harness.fuzz.execute import Executor
+    from harness.fuzz.target import Target
+    listener = _closing_server(16 * 2)  # closes on step 1
+    target = Target(TargetSpec.parse("ref"), tmp_path / "t")
+    target.start()
+    pins = []
+    real = Executor.run
+
+    def run(self, case, **k):
+        pins.append(k.get("pin_from", 0))
+        self.port = listener.getsockname()[1]  # the case meets the closing server
+        return real(self, case, **k)
+    monkeypatch.setattr(Executor, "run", run)
+    try:
+        runner = CaseRunner(target, deadline=5)
+        runner.bounds_oracle = False
+        _, out = runner.check(_silent_steps(8), lockstep=True, pin_from=6)
+        assert pins == [6, 0] and out.status == CLOSED and out.at == 1, (pins, out.at)
+        # planted: without the fallback the close is put on a later step
+        out = real(runner.executor, _silent_steps(8), lockstep=True, pin_from=6)
+        assert out.status == CLOSED and out.at not in (None, 1), out.at
+    finally:
+        listener.close()
+        target.stop()

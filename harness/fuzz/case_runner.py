@@ -152,14 +152,20 @@ class CaseRunner:
 
     # ---------------------------------------------------------------- isolated
     def check(self, case: Case, *, lockstep: bool = False, record: bool = False,
-              restart: bool = True) -> tuple[Finding | None, Outcome]:
+              restart: bool = True, pin_from: int = 0) -> tuple[Finding | None, Outcome]:
         """Run ``case`` on its own and judge it; the target is left running and healthy
-        (restarted if the case broke it, unless ``restart`` is False)."""
+        (restarted if the case broke it, unless ``restart`` is False). ``pin_from``: a lockstep
+        run pins the steps from there on (a fast run showed the ones before it served)."""
         self.ensure_running()
         before = self.oracles.before(case, isolated=True) if self.oracles is not None else None
         self.target.reset_peak_rss()
         out = self.executor.run(case, lockstep=lockstep, record=record,
-                                before_close=self._sample(case, always=True))
+                                before_close=self._sample(case, always=True),
+                                pin_from=pin_from if lockstep else 0)
+        if lockstep and pin_from and out.at is not None and out.at < pin_from:
+            # it ended among the steps it did not pin (unlike the run before): pin them all
+            self.ensure_running()
+            return self.check(case, lockstep=True, record=record, restart=restart)
         verdict = self._judge_now(case, out, lockstep=lockstep)
         if verdict is None and out.status in (OK, CLOSED):
             # Still serving? (A crash after our last answer, or a server stuck in our case.)
@@ -167,7 +173,8 @@ class CaseRunner:
             if verdict is None:
                 verdict = self._bounds_verdict(case, out, lockstep=lockstep)
             if verdict is None and not lockstep and self._may_refuse_in_bounds(case, out):
-                return self.check(case, lockstep=True, record=record, restart=restart)
+                return self.check(case, lockstep=True, record=record, restart=restart,
+                                  pin_from=out.window(len(case.steps))[0])
             if verdict is None and self.oracles is not None:
                 found = self.oracles.judge_isolated(case, out, before)
                 if found is not None:
