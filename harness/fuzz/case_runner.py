@@ -97,7 +97,8 @@ class CaseRunner:
         self._refresh()
 
     def _refresh(self) -> None:
-        self.executor = Executor(self.target.host, self.target.port, deadline=self.deadline)
+        self.executor = Executor(self.target.host, self.target.port, deadline=self.deadline,
+                                 idle_probe=self.target.is_idle)
 
     def restart(self) -> None:
         self.target.restart()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import select
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from ..proto.wire import RESPONSE_HEADER_SIZE, U64
@@ -111,8 +112,11 @@ class Executor:
 
     def __init__(self, host: str, port: int, *, deadline: float = 5.0,
                  connect_timeout: float = 2.0, lockstep_wait: float = 0.05,
-                 close_deadline: float | None = None):
+                 close_deadline: float | None = None,
+                 idle_probe: Callable[[], bool | None] | None = None):
         self.host, self.port = host, port
+        # is the server asleep, done with what it read? (Target.is_idle; None: cannot tell)
+        self.idle_probe = idle_probe
         self.deadline = deadline
         # A server may still be busy with earlier requests (a 38 MB graph) before it reaches
         # the one it must refuse: allow it the same deadline as an answer.
@@ -297,8 +301,10 @@ class Executor:
             left -= self._recv_into(sock, self._view[:min(left, _SCRATCH)], out, "payload")
 
     def _peek_end(self, sock, out: Outcome, cmd: str, wait: float) -> None:
-        r, _, _ = select.select([sock], [], [], wait)
-        if not r:
+        """Did the step just sent end the connection? Waits up to ``wait`` for a close, or
+        less: until the server is seen asleep twice in a row (``idle_probe``), done with the
+        step (it closes before it sleeps, so a close would be here by then)."""
+        if not self._ended_within(sock, wait):
             return
         try:
             n = sock.recv_into(self._view[:_SCRATCH])
@@ -310,6 +316,20 @@ class Executor:
             raise _Ended(CLOSED, "eof")
         self._keep(out, self._view[:n])
         raise _Ended(PROTOCOL, f"{n} bytes arrived after {cmd} although no answer was due")
+
+    def _ended_within(self, sock, wait: float) -> bool:
+        if self.idle_probe is None:
+            return bool(select.select([sock], [], [], wait)[0])
+        end, pause, asleep = time.monotonic() + wait, 0.0005, 0
+        while True:
+            if select.select([sock], [], [], pause)[0]:
+                return True
+            asleep = asleep + 1 if self.idle_probe() else 0
+            if asleep >= 2:
+                return bool(select.select([sock], [], [], 0)[0])
+            if time.monotonic() >= end:
+                return False
+            pause = min(pause * 2, 0.005)
 
     def _expect_close(self, sock, out: Outcome, n_steps: int) -> None:
         """After a refused request or our EOF the spec says CLOSE (spec 1.6, 7)."""

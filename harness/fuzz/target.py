@@ -430,6 +430,25 @@ class Target:
         return self.server.pid if self.server is not None and self.spec.kind != "docker" \
             else None
 
+    def is_idle(self) -> bool | None:
+        """Is every thread of the local server asleep (none running, none in the kernel on
+        its behalf)? None when that cannot be read (not local, gone). A server that has
+        read a request and finished with it, or closed the connection over it, is asleep in
+        its next read or accept; one still working on it is not."""
+        pid = self._local_pid()
+        if pid is None:
+            return None
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+            for tid in tids:
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    # state is the field after the parenthesised name (which may hold spaces)
+                    if f.read().rsplit(b")", 1)[1][1:2] != b"S":
+                        return False
+        except (OSError, IndexError):
+            return None
+        return bool(tids)
+
     def reset_peak_rss(self) -> None:
         pid = self._local_pid()
         try:
