@@ -57,6 +57,20 @@ def test_connections_refused_at_their_first_frame_are_not_parents():
     assert len(corpus) == 0
 
 
+def test_a_case_past_the_size_bound_is_noted_not_kept(monkeypatch):
+    """A sweep scale case (a 64 MiB graph) shows new behaviour but is not a parent, and its
+    steps are not offered for splicing: each derived case would send it again."""
+    import harness.fuzz.evolve as evolve
+    big = step(b"\x0b" + (2 << 20).to_bytes(8, "little") + bytes(2 << 20), "GRAPH_COMPUTE",
+               desc={"kind": "field", "what": "scale_class"})
+    case = annotate(D7, _case().steps + (big,))
+    corpus = Corpus()
+    assert not corpus.offer(case, frozenset({("big",)}))
+    assert len(corpus) == 0 and not corpus.mutation_steps and ("big",) in corpus.features
+    monkeypatch.setattr(evolve, "MAX_ENTRY_BYTES", 4 << 20)  # planted: a bound over it
+    assert Corpus().offer(case, frozenset({("big",)}))
+
+
 def _corpus(*cases) -> Corpus:
     corpus = Corpus()
     for i, c in enumerate(cases):

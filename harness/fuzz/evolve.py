@@ -51,6 +51,13 @@ def behaviour(case: Case, out: Outcome, log_lines: list[str] = ()) -> frozenset:
     return frozenset(feats)
 
 
+# The largest case the corpus keeps, and the largest step it offers for splicing. The sweep's
+# scale classes (64 MiB graphs) are sent whole by the sweep; kept and spliced into derived
+# cases they made each of those cost a second (a 10-minute p7 campaign sent 6 GB and derived
+# 25k cases where one without them derived 72k).
+MAX_ENTRY_BYTES = 1 << 20
+
+
 class Corpus:
     """Cases kept for new behaviour, bounded (the oldest non-seed entries go first)."""
 
@@ -67,6 +74,8 @@ class Corpus:
         """Keep ``case`` if it showed a feature never seen before; True if kept."""
         new = features - self.features
         self.features |= features
+        if sum(len(s.frame) for s in case.steps) > MAX_ENTRY_BYTES:
+            return False  # its behaviour is noted; the sweep sends cases this big itself
         for s in case.steps:
             if s.desc is not None and s.desc.get("at") != "connect":
                 self.mutation_steps.append(s)
