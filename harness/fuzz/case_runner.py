@@ -165,7 +165,7 @@ class CaseRunner:
                                 pin_from=pin_from if lockstep else 0)
         if lockstep and pin_from and out.at is not None and out.at < pin_from:
             # it ended among the steps it did not pin (unlike the run before): pin them all
-            self.ensure_running()
+            # (check restarts the target first if the case killed it)
             return self.check(case, lockstep=True, record=record, restart=restart)
         verdict = self._judge_now(case, out, lockstep=lockstep)
         if verdict is None and out.status in (OK, CLOSED):

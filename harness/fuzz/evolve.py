@@ -51,7 +51,7 @@ def behaviour(case: Case, out: Outcome, log_lines: list[str] = ()) -> frozenset:
     return frozenset(feats)
 
 
-# The largest case the corpus keeps, and the largest step it offers for splicing. The sweep's
+# The largest case the corpus keeps (so no step it offers for splicing is larger). The sweep's
 # scale classes (64 MiB graphs) are sent whole by the sweep; kept and spliced into derived
 # cases they made each of those cost a second (a 10-minute p7 campaign sent 6 GB and derived
 # 25k cases where one without them derived 72k).

@@ -92,7 +92,8 @@ def make_fill(fill: dict, nbytes: int) -> np.ndarray:
 
 
 def _tile(arr: np.ndarray, period: np.ndarray) -> None:
-    """``arr`` filled with ``period`` repeated (doubling copies, no index arithmetic)."""
+    """``arr`` filled with ``period`` repeated, in place by doubling copies (np.resize would
+    build a second array of the tensor's size first)."""
     n = len(period)
     arr[:n] = period
     while n < len(arr):
