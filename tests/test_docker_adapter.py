@@ -7,6 +7,7 @@ GGML_RPC_HARNESS_REQUIRE_DOCKER=1 (CI) they fail instead.
 
 from __future__ import annotations
 
+import os
 import socket
 import struct
 import tarfile
@@ -81,9 +82,12 @@ def _hello(port: int) -> tuple[int, int, int]:
 
 
 def _our_containers() -> list:
+    """The containers this test process started: other xdist workers' are running too."""
+    from harness.impls.docker_adapter import OWNER_LABEL
     client = engine_client()
     try:
-        return client.containers.list(all=True, filters={"label": "ggml-rpc-harness"})
+        return client.containers.list(all=True,
+                                      filters={"label": f"{OWNER_LABEL}={os.getpid()}"})
     finally:
         client.close()
 
@@ -116,6 +120,8 @@ def test_server_container_is_supervised_like_a_process(tmp_path):
         assert server.poll() is None and server.running
         assert psutil.Process(server.pid).name() == "ggml-rpc-server"
         assert server.rss_bytes() > 0
+        # the owner label is on it, so the check after stop below can see a leftover
+        assert server.container.id in [c.id for c in _our_containers()]
     finally:
         info = server.stop()
     assert info.signal == 15  # SIGTERM reached the server through the engine's init
@@ -147,6 +153,7 @@ def test_client_library_in_a_container_talks_to_a_server_container(tmp_path):
             assert client.start()["lib_dir"] == "/app"
             client.do("connect", endpoint=server.endpoint)
             assert client.do("device_count")["count"] == 1
+            assert client.container_name in [c.name for c in _our_containers()]
         finally:
             info = client.close()
         assert info is not None and info.returncode == 0
@@ -219,6 +226,7 @@ def test_fuzz_target_docker_pin_starts_a_container(tmp_path):
     try:
         assert target.dialect == "7.0.0"  # from the container's banner
         assert target.answers_hello()
+        assert target.server.container.id in [c.id for c in _our_containers()]
     finally:
         target.stop()
     assert not _our_containers()

@@ -21,7 +21,8 @@ from harness.transport.softverbs import (
 from softverbs_support import build_semantics, run_semantics, softverbs_lib_dir
 
 CASES = ["in_order", "length_error", "rnr_wait", "rnr_retry_exceeded", "no_such_qp", "inline",
-         "protection_error", "completion_channel", "misuse", "flush", "not_ready_retried"]
+         "protection_error", "completion_channel", "misuse", "flush", "not_ready_retried",
+         "counted_before_seen"]
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +57,9 @@ def test_rc_semantics(semantics, lib_dir, case, tmp_path):
     # the receiver's error completion before its NAK: the receiver exits on the completion,
     # the NAK never leaves, and the sender times out instead of seeing the remote error
     ("SOFTVERBS_PLANT_LATE_ANSWER", "protection_error", ["expected remote operation error"]),
+    # counters written after the completions: whoever looks first sees the other's stale count
+    ("SOFTVERBS_PLANT_LATE_COUNT", "counted_before_seen", ["receiver's recv_bytes 0",
+                                                           "sender's send_bytes 0"]),
 ])
 def test_rc_semantics_catch_a_planted_fault(semantics, define, case, symptoms, tmp_path):
     planted = softverbs_lib_dir((define,))

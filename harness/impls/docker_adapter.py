@@ -33,6 +33,13 @@ from .supervisor import (BANNER_RE, REAL_PROCESS_ENV, ServerProcess, ServerStart
                          _socket_inodes_of, exit_info_from, listening_inodes, start_retrying)
 
 LABEL = "ggml-rpc-harness"
+# Which process started a container: a user finds a crashed session's leftovers by it, and a
+# check that this process left nothing behind is not fooled by another one's containers.
+OWNER_LABEL = f"{LABEL}.owner-pid"
+
+
+def _owner_labels(role: str) -> dict[str, str]:
+    return {LABEL: role, OWNER_LABEL: str(os.getpid())}
 REQUIRE_ENV = "GGML_RPC_HARNESS_REQUIRE_DOCKER"
 # The SDK negotiates the engine's API version (Debian's engine 20.10 speaks 1.41; the CLI and
 # SDK are newer). DOCKER_API_VERSION pins it where negotiation is not wanted.
@@ -157,7 +164,7 @@ class DockerServer:
             # image is missing, and leaves the container behind when start fails
             container = client.containers.create(
                 image, argv, name=cname, network_mode="host", init=True,
-                environment=environment, volumes=volumes, labels={LABEL: "server"})
+                environment=environment, volumes=volumes, labels=_owner_labels("server"))
         except docker.errors.ImageNotFound:
             client.close()
             raise ServerStartError(f"{name}: image {image} not in the engine (build it with "
@@ -349,7 +356,8 @@ class DockerClientDriver(CtypesClientDriver):
         jit_cache = cache_root() / "numba-docker"
         jit_cache.mkdir(parents=True, exist_ok=True)
         run = [cli, "run", "--rm", "-i", "--init", "--network", "host", "--name",
-               self.container_name, "--label", f"{LABEL}=client",
+               self.container_name,
+               *(a for k, v in _owner_labels("client").items() for a in ("--label", f"{k}={v}")),
                *(a for env in (*REAL_PROCESS_ENV, "PYTHONUNBUFFERED", "PYTHONPATH")
                  for a in ("-e", env)),
                "-e", f"NUMBA_CACHE_DIR={jit_cache}", "-v", f"{jit_cache}:{jit_cache}",

@@ -216,6 +216,22 @@ static void wait_counter(int pid, uint32_t qpn, const char *key, int at_least) {
     }
 }
 
+/* The device's counter `key` of QP (pid, qpn) now, without waiting. */
+static long long counter_now(int pid, uint32_t qpn, const char *key) {
+    const char *dir = getenv("SOFTVERBS_STATS_DIR");
+    CHECK(dir, "SOFTVERBS_STATS_DIR not set");
+    char path[4096], pat[64], buf[1024] = {0};
+    snprintf(path, sizeof(path), "%s/qp-%d-%u.json", dir, pid, qpn);
+    snprintf(pat, sizeof(pat), "\"%s\": ", key);
+    FILE *f = fopen(path, "r");
+    CHECK(f, "no stats file %s", path);
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    fclose(f);
+    const char *k = strstr(buf, pat);
+    CHECK(k, "no %s in %s", key, buf);
+    return atoll(k + strlen(pat));
+}
+
 /* ---------------------------------------------------------------- the two processes */
 
 static int to_child[2], to_parent[2];
@@ -496,6 +512,26 @@ static void late_rtr_recv(struct end *e, const struct caps *p, int in, int out) 
     CHECK(e->buf[0] == 'l' && e->buf[23] == 'l', "data");
 }
 
+/* the counters of both sides are written before either application sees its completion:
+ * a test that stops a peer as soon as the last message arrived reads every byte counted */
+#define COUNTED_LEN 1500
+static void counted_send(struct end *e, const struct caps *p, int in, int out) {
+    CHECK(await_peer(in) == 'p', "receives not posted");
+    uint8_t msg[COUNTED_LEN];
+    memset(msg, 'c', sizeof(msg));
+    CHECK(post_send(e, 40, msg, COUNTED_LEN, 0) == 0, "post_send");
+    expect_wc(e->scq, 40, IBV_WC_SUCCESS, COUNTED_LEN, "send completion");
+    long long got = counter_now(child, p->qpn, "recv_bytes");
+    CHECK(got == COUNTED_LEN, "send completed, receiver's recv_bytes %lld, expected %d", got, COUNTED_LEN);
+}
+static void counted_recv(struct end *e, const struct caps *p, int in, int out) {
+    post_recv(e, 41, 0, SLOT);
+    signal_peer(out, 'p');
+    expect_wc(e->rcq, 41, IBV_WC_SUCCESS, COUNTED_LEN, "recv completion");
+    long long sent = counter_now(getppid(), p->qpn, "send_bytes");
+    CHECK(sent == COUNTED_LEN, "message arrived, sender's send_bytes %lld, expected %d", sent, COUNTED_LEN);
+}
+
 static const struct case_def CASES[] = {
     {"in_order", in_order_send, in_order_recv, 7, 14, 7, 0, 0},
     {"length_error", len_err_send, len_err_recv, 7, 14, 7, 0, 0},
@@ -509,6 +545,7 @@ static const struct case_def CASES[] = {
     {"flush", idle_send, flush_recv, 7, 14, 7, 0, 0},
     /* timeout 19 (2.1 s a retry, 15 s in all): room for a loaded machine to reach RTR */
     {"not_ready_retried", late_rtr_send, late_rtr_recv, 7, 19, 7, 0, 0, 1},
+    {"counted_before_seen", counted_send, counted_recv, 7, 14, 7, 0, 0},
 };
 
 int main(int argc, char **argv) {

@@ -812,6 +812,25 @@ static uint32_t sv_npkts(struct sv_qp *q, uint64_t len) {
     return len ? (uint32_t)((len + mtu - 1) / mtu) : 1;
 }
 
+/* A SEND's and a RECV's counters, written at once: takes the lock. */
+static void sv_count_send(struct sv_qp *q, const struct sv_wr *wr) {
+    pthread_mutex_lock(&q->lock);
+    q->st.sends++;
+    q->st.send_bytes += wr->length;
+    if (wr->inline_data) q->st.inline_sends++;
+    if (wr->length > q->st.max_send) q->st.max_send = wr->length;
+    sv_stats_write(q);
+    pthread_mutex_unlock(&q->lock);
+}
+static void sv_count_recv(struct sv_qp *q, uint64_t len) {
+    pthread_mutex_lock(&q->lock);
+    q->rq_psn = (q->rq_psn + sv_npkts(q, len)) & 0xffffff;
+    q->st.recvs++;
+    q->st.recv_bytes += len;
+    sv_stats_write(q);
+    pthread_mutex_unlock(&q->lock);
+}
+
 /* Requester: carry one SEND. Returns the completion status. Called without the lock; the
  * head WR stays in the queue (and its buffers untouched by the app) until completion. */
 static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
@@ -857,6 +876,13 @@ static enum ibv_wc_status sv_transmit(struct sv_qp *q, struct sv_wr *wr) {
             ok = sv_send_msg(q, fd, &r) == 0 && sv_recv_msg(q, fd, &m) == 0;
         }
         if (ok && m.type == MSG_CTS) {
+            /* The responder took a RECV for this SEND: counted before a byte leaves, so
+             * whoever sees the data can see the count (a server killed as soon as its last
+             * answer arrived kept a stale count when it was counted at the ACK). A SEND cut
+             * short after this leaves both QPs in error, which is counted too. */
+#ifndef SOFTVERBS_PLANT_LATE_COUNT
+            sv_count_send(q, wr);
+#endif
             struct iovec v[SV_MAX_SGE];
             memcpy(v, iov, sizeof(iov[0]) * (size_t)niov);
             ok = sv_io_all(q, fd, v, niov, 1) == 0 && sv_recv_msg(q, fd, &m) == 0 && m.type == MSG_ACK;
@@ -909,15 +935,20 @@ static void *sv_requester(void *arg) {
         pthread_mutex_lock(&q->lock);
         if (q->stopping) break;
         if (q->sq.count == 0 || sv_queue_head(&q->sq) != wr) continue; /* flushed meanwhile */
-        if (st == IBV_WC_SUCCESS) {
-            q->st.sends++;
-            q->st.send_bytes += wr->length;
-            if (wr->inline_data) q->st.inline_sends++;
-            if (wr->length > q->st.max_send) q->st.max_send = wr->length;
+        if (st == IBV_WC_SUCCESS) { /* counted in sv_transmit, before the data left */
+#ifdef SOFTVERBS_PLANT_LATE_COUNT
+            struct sv_wr sent = *wr; /* only its length and whether it was inline count */
+#endif
             if (wr->signaled || q->sq_sig_all)
                 sv_complete(q, q->qp.send_cq, wr->wr_id, st, IBV_WC_SEND, wr->length);
             sv_queue_pop(&q->sq);
             sv_stats_write(q);
+#ifdef SOFTVERBS_PLANT_LATE_COUNT /* planted fault for the tests: counted after the completion */
+            pthread_mutex_unlock(&q->lock);
+            sv_sleep_us(q, 300000);
+            sv_count_send(q, &sent);
+            pthread_mutex_lock(&q->lock);
+#endif
         } else {
             sv_log("qp %u: SEND wr_id %llu failed: %s", q->qp.qp_num,
                    (unsigned long long)wr->wr_id, ibv_wc_status_str(st));
@@ -1032,15 +1063,20 @@ static int sv_respond(struct sv_qp *q, int fd, const struct sv_msg *req, uint32_
         return -1;
     }
     sv_capture(q, iov, niov, landed);
+    /* counted before the ACK, as the requester counts before its data: a peer that exits
+     * on its send completion cannot outrun this count */
+#ifndef SOFTVERBS_PLANT_LATE_COUNT
+    sv_count_recv(q, req->len);
+#endif
     struct sv_msg ack = {MSG_ACK, 0, 0, 0, 0};
     int acked = sv_send_msg(q, fd, &ack); /* before the completion, as above */
     pthread_mutex_lock(&q->lock);
-    q->rq_psn = (q->rq_psn + sv_npkts(q, req->len)) & 0xffffff;
-    q->st.recvs++;
-    q->st.recv_bytes += req->len;
     sv_complete(q, q->qp.recv_cq, wr_id, IBV_WC_SUCCESS, IBV_WC_RECV, (uint32_t)req->len);
-    sv_stats_write(q);
     pthread_mutex_unlock(&q->lock);
+#ifdef SOFTVERBS_PLANT_LATE_COUNT
+    sv_sleep_us(q, 300000);
+    sv_count_recv(q, req->len);
+#endif
     return acked;
 }
 
