@@ -6,6 +6,7 @@ entry is built again; a read-only cache costs the time, not the result."""
 
 from __future__ import annotations
 
+import ast
 import fcntl
 import hashlib
 import os
@@ -29,7 +30,7 @@ def _load(path: Path):
 def cached(kind: str, key: str, version: str, build: Callable[[], T]) -> T:
     """``build()`` for ``key``, kept as ``<kind>-<key>-<version>.pickle``; entries of the same
     kind and key with another version are removed when a new one is written."""
-    from ..impls.registry import cache_root
+    from ..impls.cache import cache_root
     path = cache_root() / "sweep" / f"{kind}-{key}-{version}.pickle"
     value = _load(path)
     if value is not None:
@@ -65,5 +66,68 @@ def source_digest(*modules: str) -> str:
     files = [root / m for m in modules] if modules else sorted(root.rglob("*.py"))
     h = hashlib.sha256()
     for f in files:
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def import_closure(module: str, root: Path | None = None) -> list[Path]:
+    """The files of ``module`` (dotted, ``harness.fuzz.sweep``) and of every harness module it
+    can import: each import statement is followed, those inside functions too, and each
+    package above a module; a module's data files (non-Python files whose nearest package is
+    one of these) count as its code. What nothing here imports cannot change what it builds."""
+    root = root or Path(__file__).resolve().parents[1]
+    top = root.name
+
+    def file_of(name: str) -> Path | None:
+        base = root.parent.joinpath(*name.split("."))
+        for f in (base / "__init__.py", base.with_suffix(".py")):
+            if f.is_file():
+                return f
+        return None
+
+    seen: dict[str, Path] = {}
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        f = file_of(name)
+        if f is None or name in seen:
+            continue
+        seen[name] = f
+        parts = name.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        package = parts if f.name == "__init__.py" else parts[:-1]
+        for node in ast.walk(ast.parse(f.read_bytes(), str(f))):
+            if isinstance(node, ast.Import):
+                todo += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                target = ".".join(base + ([node.module] if node.module else []))
+                todo += [target] + [f"{target}.{a.name}" for a in node.names]
+        todo = [t for t in todo if t == top or t.startswith(top + ".")]
+    files = set(seen.values())
+    packages = {f.parent for f in files if f.name == "__init__.py"}
+    for pkg in packages:
+        for f in pkg.rglob("*"):
+            if f.is_file() and f.suffix != ".py" and "__pycache__" not in f.parts \
+                    and _owner(f, root) == pkg:
+                files.add(f)
+    return sorted(files)
+
+
+def _owner(f: Path, root: Path) -> Path:
+    """The nearest directory above ``f`` that is a package."""
+    d = f.parent
+    while d != root and not (d / "__init__.py").is_file():
+        d = d.parent
+    return d
+
+
+@lru_cache(maxsize=None)
+def closure_digest(module: str) -> str:
+    """Of what ``module`` can import (:func:`import_closure`): a value it built is kept
+    across harness versions that changed none of that code."""
+    root = Path(__file__).resolve().parents[1]
+    h = hashlib.sha256()
+    for f in import_closure(module, root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]

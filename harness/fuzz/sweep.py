@@ -323,8 +323,8 @@ def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
 
 
 def _cached(kind: str, key: str, build):
-    """``build()``, once per harness version (harness/fuzz/memo.py)."""
-    return memo.cached(kind, key, memo.source_digest(), build)
+    """``build()``, once per version of the code the sweep can import (harness/fuzz/memo.py)."""
+    return memo.cached(kind, key, memo.closure_digest(__name__), build)
 
 
 def cached_walk(dialect: str, *, draws: int = DRAWS, local_only: bool = True
@@ -410,7 +410,7 @@ def prepare(dialect: str, *, draws: int = DRAWS, local_only: bool = True) -> Pre
     """Build (or read from the cache) every part of the sweep, once per process and cache
     directory. Campaigns call it before their clock starts: a first campaign after an upgrade
     builds the covering arrays then, which is set-up, not fuzzing."""
-    from ..impls.registry import cache_root
+    from ..impls.cache import cache_root
     return _prepare(get_dialect(dialect).name, draws, local_only, str(cache_root()))
 
 
