@@ -22,11 +22,8 @@ def tree(tmp_path) -> Path:
 
 
 def _digest(root: Path, module: str = "harness.fuzz.sweep") -> str:
-    import hashlib
-    h = hashlib.sha256()
-    for f in memo.import_closure(module, root):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()
+    memo.closure_digest.cache_clear()  # the tree changes between calls
+    return memo.closure_digest(module, root)
 
 
 def _names(root: Path, module: str = "harness.fuzz.sweep") -> set[str]:

@@ -60,12 +60,11 @@ def cached(kind: str, key: str, version: str, build: Callable[[], T]) -> T:
 
 @lru_cache(maxsize=None)
 def source_digest(*modules: str) -> str:
-    """Of the named modules of the harness (file paths under ``harness/``), or of every module
-    when none is named: a cached value built by other code is built again."""
+    """Of the named modules of the harness (file paths under ``harness/``): a value built by
+    other code is built again."""
     root = Path(__file__).resolve().parents[1]
-    files = [root / m for m in modules] if modules else sorted(root.rglob("*.py"))
     h = hashlib.sha256()
-    for f in files:
+    for f in (root / m for m in modules):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -123,10 +122,10 @@ def _owner(f: Path, root: Path) -> Path:
 
 
 @lru_cache(maxsize=None)
-def closure_digest(module: str) -> str:
+def closure_digest(module: str, root: Path | None = None) -> str:
     """Of what ``module`` can import (:func:`import_closure`): a value it built is kept
     across harness versions that changed none of that code."""
-    root = Path(__file__).resolve().parents[1]
+    root = root or Path(__file__).resolve().parents[1]
     h = hashlib.sha256()
     for f in import_closure(module, root):
         h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
