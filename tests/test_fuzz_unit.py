@@ -159,6 +159,26 @@ def test_normalise_drops_paths_addresses_and_sizes():
                               "failed at 0x? size N")
 
 
+@pytest.mark.parametrize("path", [
+    "/root/.cache/ggml-rpc-harness/build/src/llama.cpp/ggml/src/ggml.c",
+    # a peer cache elsewhere, built through ccache with a base directory: __FILE__ is relative
+    "../src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml.c",
+    "./ggml/src/ggml.c", "../ggml.c", "ggml.c"])
+def test_an_assert_names_its_file_alone_wherever_the_build_was(path):
+    """The shipped reproducers and allow-lists name ``ggml.c:1787``: the same assert must give
+    that line whatever directory the peer was built in (stop 38's cold CI run, with the cache
+    under XDG_CACHE_HOME, saw ``..ggml.c:1787`` and replayed nothing)."""
+    line = f"{path}:1787: GGML_ASSERT(INT64_MAX / ne[i] > current_nelements) failed"
+    want = "ggml.c:1787: GGML_ASSERT(INT64_MAX / ne[i] > current_nelements) failed"
+    assert normalise(line) == want
+    assert death_line(["Accepted client connection", line]) == want
+
+
+def test_what_is_not_a_path_keeps_its_slashes():
+    for text in ("GGML_ASSERT(a / b > c) failed", "5 MB/s", "x..y", "ratio 1/2"):
+        assert normalise(text) == text
+
+
 def test_death_line_prefers_the_assert_and_reads_python_tracebacks():
     log = ["Accepted client connection", "/a/b/ggml.c:1787: GGML_ASSERT(x > y) failed",
            "Expected HELLO command"]

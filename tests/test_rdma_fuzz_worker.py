@@ -52,3 +52,17 @@ def test_a_worker_that_exits_says_how(lib_dir, tmp_path):
             peer.call({"op": "no-such-op"}, deadline=30)
     msg = str(e.value)
     assert "exited (1) without an answer" in msg and "KeyError: 'no-such-op'" in msg, msg
+
+
+def test_a_deep_stack_keeps_both_ends_in_the_message():
+    """Stop 38's cold CI run: the worker was still importing pyverbs when the deadline came, and
+    a dump of 300 import frames pushed its header out of the last 3,000 characters."""
+    from harness.fuzz.rdma.worker import _log_excerpt
+    frames = '  File "<frozen importlib._bootstrap>", line 1147 in _find_and_load_unlocked\n' * 300
+    log = ("earlier output\nCurrent thread 0x00007f (most recent call first):\n" + frames
+           + '  File "worker.py", line 146 in run_liveness\n')
+    msg = _log_excerpt(log)
+    assert msg.startswith("Current thread") and "run_liveness" in msg and len(msg) < 6100
+    assert "most recent call first" not in log[-3000:]  # what the message showed before
+    # a traceback (a worker that exited) is shown by its end, as before
+    assert _log_excerpt("x" * 5000 + "KeyError: 'op'") == ("x" * 5000 + "KeyError: 'op'")[-3000:]

@@ -78,7 +78,10 @@ _DEATH_PATTERNS = [re.compile(p) for p in (
 )]
 _PY_EXC = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Exit|Interrupt)\b.*)$")
 _PY_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+, in (\S+)')
-_PATH = re.compile(r"(?:/[^\s:()'\"]+/)+([^\s/:()'\"]+)")
+# An absolute path, or a relative one starting with ./ or ../ (a build through ccache with a
+# base directory names its sources relative to the build directory): the file name stays.
+_PATH = re.compile(r"(?:(?<![^\s(:'\"=])\.{1,2}(?:/[^\s:()'\"]+)*|(?:/[^\s:()'\"]+)+)"
+                   r"/([^\s/:()'\"]+)")
 _HEX = re.compile(r"0x[0-9a-fA-F]+")
 _BIG_NUMBER = re.compile(r"\b\d{5,}\b")
 

@@ -189,6 +189,19 @@ class WorkerDied(FuzzError, RuntimeError):
     """The fuzz worker gave no answer in time or exited; the message has its stderr tail."""
 
 
+def _log_excerpt(text: str, limit: int = 6000) -> str:
+    """The end of the worker's log; from the header of its last stack dump when it has one,
+    since faulthandler prints the innermost frame first and the worker's own code last (a
+    worker stuck deep in an import has a long dump: its middle is left out, not its ends)."""
+    at = text.rfind("(most recent call first)")
+    if at < 0:
+        return text[-3000:]
+    dump = text[text.rfind("\n", 0, at) + 1:]
+    if len(dump) > limit:
+        dump = f"{dump[:limit // 3]}\n  ...\n{dump[-(2 * limit) // 3:]}"
+    return dump
+
+
 class FuzzPeer:
     """The worker process on the soft device (``lib_dir``), counters in ``stats_dir``."""
 
@@ -223,7 +236,7 @@ class FuzzPeer:
             if silent:
                 self._where_stuck()
             self.close()
-            tail = self.log_path.read_text(errors="replace")[-3000:]
+            tail = _log_excerpt(self.log_path.read_text(errors="replace"))
             what = f"gave no answer within {deadline:g} s" if silent else \
                 f"exited ({self.proc.returncode}) without an answer"
             raise WorkerDied(f"the RDMA fuzz worker {what}; its log ends:\n{tail}")
@@ -236,10 +249,15 @@ class FuzzPeer:
             os.kill(self.proc.pid, signal.SIGUSR1)
         except OSError:
             return
-        end = time.monotonic() + 2.0
-        while time.monotonic() < end and self.log_path.stat().st_size == size:
+        # the dump has come when the log grew and then stayed the same for 0.2 s
+        end, last, still_since = time.monotonic() + 3.0, size, None
+        while time.monotonic() < end:
             time.sleep(0.05)
-        time.sleep(0.1)  # the rest of the dump
+            now = self.log_path.stat().st_size
+            if now != last:
+                last, still_since = now, time.monotonic()
+            elif still_since is not None and time.monotonic() - still_since >= 0.2:
+                return
 
     def alive(self) -> bool:
         return self.proc.poll() is None
