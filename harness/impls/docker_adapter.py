@@ -37,13 +37,14 @@ LABEL = "ggml-rpc-harness"
 # check that this process left nothing behind is not fooled by another one's containers.
 OWNER_LABEL = f"{LABEL}.owner-pid"
 
-
-def _owner_labels(role: str) -> dict[str, str]:
-    return {LABEL: role, OWNER_LABEL: str(os.getpid())}
 REQUIRE_ENV = "GGML_RPC_HARNESS_REQUIRE_DOCKER"
 # The SDK negotiates the engine's API version (Debian's engine 20.10 speaks 1.41; the CLI and
 # SDK are newer). DOCKER_API_VERSION pins it where negotiation is not wanted.
 API_VERSION_ENV = "DOCKER_API_VERSION"
+
+
+def _owner_labels(role: str) -> dict[str, str]:
+    return {LABEL: role, OWNER_LABEL: str(os.getpid())}
 
 
 class DockerUnavailable(ServerStartError):
