@@ -532,3 +532,56 @@ def test_merged_shards_are_filed_as_one_run(history_site, tmp_path):
     records = records_from(merged)
     assert {r.run_id for r in records} == {"gh-42"}
     assert sum(r.kind == "run" for r in records) == 1
+
+
+def test_the_browser_leaves_no_process_and_no_profile_behind():
+    """Stop 38's CI: Chromium's helpers were still writing the profile when it was removed
+    ("Directory not empty: 'Default'"). After close() its whole process group is gone and so
+    is the profile directory."""
+    if browser.find_chromium() is None:
+        if browser.chromium_required():
+            pytest.fail(f"{browser.REQUIRE_ENV} is set (or CI is strict) but no chromium")
+        skip(TOOL_MISSING, "no chromium on PATH (Debian: apt-get install chromium)")
+    for _ in range(3):
+        with a11y.DevTools() as dt:
+            profile, group = Path(dt._profile.name), dt.proc.pid
+            assert os.getpgid(group) == group  # its own group, which close() stops
+        assert not profile.exists()
+        assert _group_gone(group)
+
+
+FAKE_BROWSER = """#!/bin/sh
+# a browser whose helper keeps writing its profile after the browser itself has gone
+for a in "$@"; do case "$a" in --user-data-dir=*) profile="${a#--user-data-dir=}";; esac; done
+(while :; do mkdir -p "$profile/Default"; : > "$profile/Default/f$$"; sleep 0.01; done) &
+exec sleep 1000
+"""
+
+
+def test_a_helper_still_writing_the_profile_is_stopped_before_it_is_removed(tmp_path,
+                                                                            monkeypatch):
+    """Deterministic form of the check above: the helper writes until it is killed. Planted:
+    the close of stop 37 (the browser alone terminated) leaves it writing, and the profile is
+    either not removable or written again after."""
+    fake = tmp_path / "chromium"
+    fake.write_text(FAKE_BROWSER)
+    fake.chmod(0o755)
+    monkeypatch.setattr(a11y, "find_chromium", lambda: str(fake))
+    with a11y.DevTools() as dt:
+        profile, group = Path(dt._profile.name), dt.proc.pid
+        time.sleep(0.3)  # the helper is writing
+    time.sleep(0.3)  # a helper left alive would write the profile again by now
+    assert not profile.exists()
+    assert _group_gone(group)
+
+
+def _group_gone(group: int, within: float = 5.0) -> bool:
+    """No process is left in the group (a killed helper is reaped by init a moment later)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(group, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.05)
+    return False

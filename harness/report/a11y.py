@@ -14,6 +14,7 @@ import base64
 import json
 import os
 import select
+import signal
 import shutil
 import subprocess
 import tempfile
@@ -101,7 +102,8 @@ class DevTools:
              "--force-device-scale-factor=1", "--remote-debugging-pipe",
              f"--user-data-dir={self._profile.name}", "about:blank"],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            close_fds=False, preexec_fn=onto_3_and_4)
+            close_fds=False, preexec_fn=onto_3_and_4,
+            start_new_session=True)  # its helpers share its group: close() stops them all
         os.close(to_chrome_r)
         os.close(from_chrome_w)
         self._buf = b""
@@ -127,7 +129,25 @@ class DevTools:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        self._profile.cleanup()
+        # Chromium's helper processes outlive it for a moment and still write the profile
+        # (stop 38's CI: "Directory not empty: 'Default'" from the cleanup): stop the group,
+        # then remove the profile once nothing writes it any more
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except OSError:
+            pass  # the group is gone already
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                shutil.rmtree(self._profile.name)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+        self._profile.cleanup()  # nothing left: only forgets the directory
 
     def _read_message(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
