@@ -160,7 +160,7 @@ def test_normalise_drops_paths_addresses_and_sizes():
 
 
 @pytest.mark.parametrize("path", [
-    "/root/.cache/ggml-rpc-harness/build/src/llama.cpp/ggml/src/ggml.c",
+    "/build/cache/ggml-rpc-harness/build/src/llama.cpp/ggml/src/ggml.c",
     # a peer cache elsewhere, built through ccache with a base directory: __FILE__ is relative
     "../src/llama_cpp_python-0.3.36/vendor/llama.cpp/ggml/src/ggml.c",
     "./ggml/src/ggml.c", "../ggml.c", "ggml.c"])

@@ -139,15 +139,12 @@ class DevTools:
         deadline = time.monotonic() + 10
         while True:
             try:
-                shutil.rmtree(self._profile.name)
-                break
-            except FileNotFoundError:
-                break
+                self._profile.cleanup()  # again after a failure: what is left, if anything
+                return
             except OSError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.1)
-        self._profile.cleanup()  # nothing left: only forgets the directory
 
     def _read_message(self, deadline: float) -> dict:
         while b"\0" not in self._buf:
