@@ -5,6 +5,7 @@ unanswered step costs the whole wait."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import time
@@ -54,7 +55,8 @@ def _uploads_then_one_past_the_end() -> tuple:
                  learn=(HANDLE, 0)),
             step(pack_request(D7, m.BufferGetBaseRequest(sentinel(HANDLE, 0))),
                  "BUFFER_GET_BASE", learn=(BASE, 0)))
-    # the last upload lies past the buffer's end: p7 closes on it
+    # the last upload lies past the buffer's end: p7 aborts on it (a GGML_ASSERT), which
+    # closes the connection
     return annotate(D7, head + tuple(upload(256 * i) for i in range(UPLOADS))
                     + (upload(4096 - 128),))
 
@@ -72,8 +74,9 @@ def test_the_close_is_pinned_and_the_waits_end_when_the_server_sleeps(tmp_path):
         out = runner.executor.run(case, lockstep=True)
         probed = time.monotonic() - t0
         assert out.status == CLOSED and out.at == len(case.steps) - 1, (out.status, out.at)
-        # planted: no probe, every upload waits the whole 50 ms
-        runner.ensure_running()
+        # planted: no probe, every upload waits the whole 50 ms (on a new server: the abort
+        # may land after the close, so ensure_running could still see the old one alive)
+        runner.restart()
         runner.executor.idle_probe = None
         t0 = time.monotonic()
         out = runner.executor.run(case, lockstep=True)
@@ -99,3 +102,50 @@ def test_a_probe_that_cannot_tell_waits_the_whole_wait(monkeypatch):
         a.close()
     finally:
         listener.close()
+
+
+def _refused_clear() -> tuple:
+    """HELLO, then a BUFFER_CLEAR of a buffer never allocated: the server must close."""
+    case = annotate(D7, (step(rst.hello_request_frame(D7), "HELLO"),
+                         step(pack_request(D7, m.BufferClearRequest(0xDEAD000, 0)),
+                              "BUFFER_CLEAR")))
+    return dataclasses.replace(case, protocol_error_at=1)
+
+
+def _run_refused_clear(tmp_path, knobs: str, probe=None):
+    target = Target(TargetSpec.parse(f"ref:{knobs}", "7.0.0"), tmp_path / knobs.replace("=", "-"))
+    target.start()
+    try:
+        runner = CaseRunner(target, deadline=0.5)
+        runner.ensure_running()
+        ex = runner.executor
+        ex.idle_probe = probe or target.is_idle
+        t0 = time.monotonic()
+        for mode in (False, True):  # pipelined, then lockstep
+            out = ex.run(_refused_clear(), lockstep=mode)
+            if out.status != CLOSED:
+                break
+            runner.restart()
+            ex = runner.executor
+            ex.idle_probe = probe or target.is_idle
+        return out, time.monotonic() - t0
+    finally:
+        target.stop()
+
+
+def test_a_server_still_busy_at_the_close_deadline_is_given_time(tmp_path):
+    """A server that takes longer than the deadline to get to its close (1.5 s of CPU before
+    the refused request; a loaded machine zeroing an announced payload) is not a server that
+    keeps the connection open: while it is seen working the wait goes on, up to a bound."""
+    out, _ = _run_refused_clear(tmp_path, "spin_on=BUFFER_CLEAR,spin_seconds=1.5")
+    assert out.status == CLOSED, (out.status, out.detail)
+    # planted: a probe that always says asleep judges the same server at the deadline
+    out, _ = _run_refused_clear(tmp_path, "spin_on=BUFFER_CLEAR,spin_seconds=1.5",
+                                probe=lambda: True)
+    assert out.status != CLOSED and "still open" in out.detail, (out.status, out.detail)
+
+
+def test_a_server_asleep_with_the_connection_open_is_judged_at_the_deadline(tmp_path):
+    out, took = _run_refused_clear(tmp_path, "stall_on=BUFFER_CLEAR")
+    assert out.status != CLOSED and "still open" in out.detail, (out.status, out.detail)
+    assert took < 0.5 + 1.0, took  # the deadline and a recheck or two, not the grace
