@@ -616,3 +616,27 @@ def test_big_graphs_decode_once_and_the_memo_stays_bounded(monkeypatch):
         codec.unpack_request_payload(d, Cmd.GRAPH_COMPUTE, codec.pack_request_payload(
             d, GraphComputeRequest(0, uid, (1,), tensors)))
     assert codec._graph_memo_size <= 2 * len(payload) and len(codec._graph_memo) == 2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(list(PRIMARY)), st.data())
+def test_the_small_payload_memo_decodes_as_the_codec_does(dialect_name, data):
+    """Small request payloads are decoded once per distinct bytes (codec._unpack_plain_memo):
+    the memo's answer is the plain decoder's, for every payload; a refusal is raised every
+    time, never remembered as a message."""
+    from harness.proto import codec
+    d = get_dialect(dialect_name)
+    cmd = data.draw(st.sampled_from([c for c in d.cmd_ids if c is not Cmd.GRAPH_COMPUTE
+                                     and c is not Cmd.GRAPH_RECOMPUTE]))
+    layout = codec.spec_for(d, cmd).request
+    fixed = layout.fixed_size
+    payload = data.draw(st.one_of(st.binary(min_size=fixed, max_size=fixed + 40),
+                                  st.binary(max_size=codec.PLAIN_MEMO_MAX)))
+    for _ in range(2):
+        try:
+            plain = codec._unpack_plain(layout, cmd, payload)
+        except RemoteProtocolError:
+            with pytest.raises(RemoteProtocolError):
+                codec.unpack_request_payload(d, cmd, memoryview(payload))
+            continue
+        assert codec.unpack_request_payload(d, cmd, memoryview(payload)) == plain
