@@ -534,8 +534,14 @@ def test_a_close_before_pin_from_is_pinned_by_a_full_lockstep_run(tmp_path, monk
 
     def run(self, case, **k):
         pins.append(k.get("pin_from", 0))
-        self.port = listener.getsockname()[1]  # the case meets the closing server
+        _at_the_closing_server(self)
         return real(self, case, **k)
+
+    def _at_the_closing_server(ex):
+        ex.port = listener.getsockname()[1]  # the case meets the closing server
+        # The idle probe watches the ref target, not this server: it would end each wait at
+        # once, before a loaded machine has run the closing thread. A plain wait instead.
+        ex.idle_probe, ex.lockstep_wait = None, 0.5
     monkeypatch.setattr(Executor, "run", run)
     try:
         runner = CaseRunner(target, deadline=5)
@@ -543,6 +549,7 @@ def test_a_close_before_pin_from_is_pinned_by_a_full_lockstep_run(tmp_path, monk
         _, out = runner.check(_silent_steps(8), lockstep=True, pin_from=6)
         assert pins == [6, 0] and out.status == CLOSED and out.at == 1, (pins, out.at)
         # planted: without the fallback the close is put on a later step
+        _at_the_closing_server(runner.executor)
         out = real(runner.executor, _silent_steps(8), lockstep=True, pin_from=6)
         assert out.status == CLOSED and out.at not in (None, 1), out.at
     finally:
