@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -170,3 +171,30 @@ def test_sanitizer_builds_and_cached_targets_restart_by_exec(tmp_path):
         assert isinstance(target.server, ServerProcess) and target.zygote is None
     finally:
         target.stop()
+
+
+def test_a_reused_pid_is_a_new_child_not_the_dead_one():
+    """Kernels wrap pids (pid_max 32,768 here; a p7 campaign forks about 60 children a
+    second): a new child with a dead child's pid must not inherit its exit status or its
+    listen() record. The messages as the zygote and the children send them, in the order the
+    zygote's loop guarantees (the dead child's X before the fork that reuses its pid), with
+    the new child's L before or after the zygote's P."""
+    for listen_first in (False, True):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            z = Zygote.__new__(Zygote)
+            Zygote.__init__(z, process=SimpleNamespace(name="z", host="127.0.0.1", port=1),
+                            control=ours)
+            for msg in (b"P 4242", b"L 4242 0 0", b"X 4242 0"):  # a child that exited 0
+                theirs.send(msg)
+            z._pump(0.0)
+            assert z._exits[4242] == 0
+            new = [b"L 4242 0 0", b"P 4242"] if listen_first else [b"P 4242"]
+            for msg in new:
+                theirs.send(msg)
+            z._pump(0.0)
+            assert 4242 not in z._exits, "the new child looks dead with the old one's exit"
+            assert (4242 in z._listened) == listen_first, z._listened
+        finally:
+            ours.close()
+            theirs.close()

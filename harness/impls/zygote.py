@@ -148,8 +148,15 @@ class Zygote:
             if kind == "R":
                 self._ready = True
             elif kind == "P" and nums:
+                # A pid comes back once the kernel wraps (pid_max is 32,768 on many machines;
+                # a campaign forks 60 children a second): an earlier child's exit is not this
+                # one's. Its "X" came before this fork, which reused the reaped pid.
+                self._exits.pop(nums[0], None)
                 self._forked.append(nums[0])
             elif kind == "X" and len(nums) >= 2:
+                # Its listen() record goes with it: the next child of that pid says its own
+                # "L", perhaps before the zygote's "P" for it arrives.
+                self._listened.pop(nums[0], None)
                 self._exits[nums[0]] = nums[1]
             elif kind == "L" and len(nums) >= 3:
                 self._listened[nums[0]] = (nums[1], nums[2])
