@@ -263,3 +263,28 @@ def test_planted_a_walk_drawn_on_the_clock_leaves_a_short_campaign_nothing(tmp_p
     monkeypatch.setattr(campaign, "prepare", lambda dialect: None)
     report = _slow_walk_campaign(tmp_path, monkeypatch)
     assert report["messages_sent"] == 0, report["timing_s"]  # the walk took its time
+
+
+def test_the_boundary_part_from_the_cache_is_the_part_built(tmp_path, monkeypatch):
+    """The boundary part's small cases come from the cache and its graph cases are built in
+    their place: the same cases in the same order as building every one, on a cold cache
+    and a warm one."""
+    from harness.impls.cache import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    # the graph cases stand in as their small baseline graph: building the 2^16-tensor ones
+    # three times would be most of the test, and they are built the same way in both paths
+    monkeypatch.setattr(sw, "_built_graph", lambda d, build, template: template)
+    d = sw.get_dialect("7.0.0")
+    head, regions = sw._setup(d)
+    built = [sw.SweepCase("boundary", label, sw._session(d, head, sw._frame(d, req),
+                                                          cmd.value, desc))
+             for label, cmd, desc, req in sw._boundary_requests(d, regions)]
+    cold = list(sw.boundary_sweep("7.0.0"))
+    assert list((tmp_path / "sweep").glob("boundary-7.0.0-*.pickle"))
+    assert cold == built and list(sw.boundary_sweep("7.0.0")) == built
+    # planted: an entry that lost a case is caught
+    entry = next((tmp_path / "sweep").glob("boundary-7.0.0-*.pickle"))
+    import pickle
+    planted = pickle.loads(entry.read_bytes())
+    entry.write_bytes(pickle.dumps(planted[:10] + planted[11:]))
+    assert list(sw.boundary_sweep("7.0.0")) != built
