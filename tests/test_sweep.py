@@ -146,7 +146,9 @@ def test_the_sweep_finds_a_planted_boundary_bug(tmp_path):
     """The reference with a bounds check one byte short (tensor_bounds_slack=1) against the
     correct one: the sweep's boundary classes alone find it, at a placement of one byte past
     a buffer's end; each divergence is the plant's (two correct servers agree on it)."""
-    from harness.fuzz.differential import replay_differential
+    from harness.fuzz.allow_list import load_allow
+    from harness.fuzz.differential import _Pair
+    from harness.fuzz.replay import load
     planted = "ref-7.0.0:tensor_bounds_slack=1"
     single = ("boundary",)  # the placements: the single-field sweep before issue 30
     out = tmp_path / "d"
@@ -158,11 +160,21 @@ def test_the_sweep_finds_a_planted_boundary_bug(tmp_path):
     cases = {f["listing"][-1] if f["listing"] else "" for f in report["findings"]}
     assert any("end-nbytes+1" in line or "end-1" in line for line in cases), cases
     # the control: each minimised divergence is the plant's, not the pipeline's (the sweep's
-    # cases between identical servers: tests/test_interactions.py, in process, every phase)
-    for f in report["findings"]:
-        repro = out / "divergences" / f["id"] / "repro.rpct"
-        assert replay_differential(repro, "ref-7.0.0", planted) is not None, f["title"]
-        assert replay_differential(repro, "ref-7.0.0", "ref-7.0.0") is None, f["title"]
+    # cases between identical servers: tests/test_interactions.py, in process, every phase).
+    # One pair of servers each way for all of them; `harness replay --differential` starts a
+    # fresh pair per finding (tests/test_fuzz_differential.py).
+    cases = {f["title"]: load(out / "divergences" / f["id"] / "repro.rpct")[0]
+             for f in report["findings"]}
+    for b, diverges in ((planted, True), ("ref-7.0.0", False)):
+        pair = _Pair(DifferentialConfig(a="ref-7.0.0", b=b, dialect="7.0.0"),
+                     tmp_path / ("control-" + b.replace(":", "-")))
+        pair.start()
+        try:
+            for title, case in cases.items():
+                div, _ = pair.judge(case, load_allow(None))
+                assert (div is not None) == diverges, (b, title, div)
+        finally:
+            pair.stop()
 
 
 def test_comm_init_pairs_the_loopback_rule_forbids_are_withheld_not_missing():
