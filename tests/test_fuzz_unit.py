@@ -555,3 +555,25 @@ def test_a_close_before_pin_from_is_pinned_by_a_full_lockstep_run(tmp_path, monk
     finally:
         listener.close()
         target.stop()
+
+
+def test_a_null_page_and_a_wild_address_at_one_site_are_one_crash(monkeypatch):
+    """The fault shim classes a faulting address as null page (< 64 KiB) or wild address. For a
+    pointer read out of bounds (p8's ggml_op_name indexing its table with an op past the enum)
+    the class is whatever value lies there, which the process's layout decides: CI saw the
+    shipped 'wild address' reproducer die of a 'null page' on one zygote. Same signal and
+    site: reproduced. Another module, symbol or class (stack overflow) is another crash."""
+    from harness.fuzz import signature as sig
+    saved = sig.Signature("crash", "SIGSEGV",
+                          "SIGSEGV wild address in libggml-base.so (ggml_op_name)", "SET_TENSOR")
+
+    def seen(line: str, signal: str = "SIGSEGV") -> bool:
+        return sig.reproduces(saved, sig.Signature("crash", signal, line, "SET_TENSOR"))
+    assert seen("SIGSEGV null page in libggml-base.so (ggml_op_name)")
+    assert not seen("SIGSEGV null page in libggml-cpu.so (ggml_op_name)")
+    assert not seen("SIGSEGV null page in libggml-base.so (ggml_type_name)")
+    assert not seen("SIGSEGV stack overflow in libggml-base.so (ggml_op_name)")
+    assert not seen("SIGBUS null page in libggml-base.so (ggml_op_name)", "SIGBUS")
+    # planted: the class read as part of the site
+    monkeypatch.setattr(sig, "same_bad_pointer_site", lambda a, b: a == b)
+    assert not seen("SIGSEGV null page in libggml-base.so (ggml_op_name)")

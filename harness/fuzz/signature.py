@@ -186,6 +186,20 @@ def same_abort_site(a: str, b: str) -> bool:
                 and abs(int(ma["line"]) - int(mb["line"])) < MACRO_CALL_LINES)
 
 
+# The fault shim's class of a faulting address (harness/fuzz/faultinfo.py). Below 64 KiB is
+# "null page", elsewhere "wild address": for a pointer the code read from memory (ggml_op_name
+# indexing its name table with an op past the enum), which one depends on what lies there,
+# which the address layout of the process decides. One site, two classes, one bug.
+_BAD_POINTER = re.compile(r"^(?P<sig>SIG\w+) (?:null page|wild address) in (?P<site>.+)$")
+
+
+def same_bad_pointer_site(a: str, b: str) -> bool:
+    """Do two fault-shim lines name one faulting site (module and symbol), a null-page and a
+    wild-address dereference alike? Other classes (stack overflow, arithmetic) stay apart."""
+    ma, mb = _BAD_POINTER.match(a), _BAD_POINTER.match(b)
+    return bool(ma and mb and ma["sig"] == mb["sig"] and ma["site"] == mb["site"])
+
+
 def same_abort_moved(a: str, b: str) -> bool:
     """Do two abort lines name one abort in two builds of the code, wherever it sits? The same
     file and message at any line: between builds unrelated edits move an assert (a 7.0.0
@@ -219,6 +233,8 @@ def reproduces(expected: Signature | None, observed: Signature | None, *,
         return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
     if o.signal == e.signal and e.line and o.line.startswith(e.line + " from "):
         return True  # saved by a shim that did not yet name the caller of a libc fault
+    if o.signal == e.signal and same_bad_pointer_site(o.line, e.line):
+        return True
     if sanitizer.same_report(o.line, e.line):
         # One sanitizer error seen by two builds: how it ends the process is a runtime
         # option (exit 1 in process, SIGABRT from a server with abort_on_error).
