@@ -187,8 +187,8 @@ def _unpack_plain(layout: Layout, cmd: Cmd, payload) -> Message:
 # Small request payloads decoded by their bytes. A sweep sends the same set-up requests
 # (ALLOC_BUFFER, BUFFER_GET_BASE, tensor headers) in every case, and the server, the annotator
 # and the bounds oracle each decode every one: the bounds oracle alone decoded 422,426 payloads
-# of the 8.0.0 sweep, 34,987 of them distinct. Messages are frozen, so a decoded one can be shared; refusals
-# are not kept (lru_cache does not cache exceptions).
+# of the 8.0.0 sweep, 34,987 of them distinct. Messages are frozen, so a decoded one can be
+# shared; refusals are not kept (lru_cache does not cache exceptions).
 PLAIN_MEMO_MAX = 1024
 _unpack_plain_memo = functools.lru_cache(maxsize=1 << 13)(_unpack_plain)
 
