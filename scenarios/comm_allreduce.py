@@ -77,8 +77,8 @@ class CommAllreduce(Scenario):
             rank1.close()
 
     def _allreduce(self, ctx, rank0: RefClient, rank1: RefClient) -> Observation:
-        from harness.impls.supervisor import free_port
-        port = free_port()
+        from harness.impls.supervisor import free_fixed_port
+        port = free_fixed_port()
         rank0.send_comm_init(0, 2, port)
         rank1.send_comm_init(1, 2, port)
         oks = rank0.comm_init_result(), rank1.comm_init_result()

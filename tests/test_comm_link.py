@@ -22,7 +22,7 @@ from harness.conformance.comm import (PAIR_CASES, mixed_servers, real_pair, real
                                       reference_servers, run_pair_case)
 from harness.impls import loopback
 from harness.impls.registry import PeerError, get_peer
-from harness.impls.supervisor import free_port, start_peer_server
+from harness.impls.supervisor import free_fixed_port, start_peer_server
 from harness.reference import comm as link
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
@@ -33,7 +33,7 @@ CASES = {c.id: c for c in PAIR_CASES}
 
 
 def _run(case, servers):
-    return run_pair_case(case, servers, free_port=free_port, observe_wait=0.3)
+    return run_pair_case(case, servers, free_port=free_fixed_port, observe_wait=0.3)
 
 
 def _against_recording(result) -> list:
@@ -156,8 +156,8 @@ def test_mixed_pair_gives_the_real_pairs_results(cid, real_rank):
 def test_real_rank0_listens_on_loopback_only():
     peer = _p8()
     with real_servers(peer) as (a, b), comm.Pair((("127.0.0.1", a.port), ("127.0.0.1", b.port)),
-                                                 "8.0.0", free_port) as pair:
-        port = free_port()
+                                                 "8.0.0", free_fixed_port) as pair:
+        port = free_fixed_port()
         r0 = comm.m.CommInitRequest(0, 0, 2, port, comm.LOOPBACK)
         pair.s[0].request(r0)
         deadline = time.monotonic() + 5

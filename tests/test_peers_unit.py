@@ -26,7 +26,7 @@ from harness.impls.registry import (MislabelledPeer, Peer, PeerError, PeerNotFou
                                     get_pin, hello_request, load_pins, parse_pins, probe_hello,
                                     verify_peer)
 from harness.impls.supervisor import (ServerProcess, ServerStartError, exit_info_from, free_port,
-                                      listening_inodes)
+                                      free_fixed_port, listening_inodes)
 from harness.strictness import PLATFORM
 from needs import skip
 
@@ -316,6 +316,34 @@ def _bindable(port: int) -> None:
 
 def test_free_port_is_bindable():
     _bindable(free_port())
+
+
+def _below_ephemeral(port: int) -> None:
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    assert port < low, f"{port} is in the ephemeral range from {low}"
+
+
+def test_a_fixed_port_is_bindable_and_out_of_the_kernels_reach():
+    """A COMM_INIT port is bound later by a server: it must be one the kernel never hands to a
+    connection's source port meanwhile. Planted: free_port's own answer is in that range."""
+    for _ in range(20):
+        port = free_fixed_port()
+        _bindable(port)
+        _below_ephemeral(port)
+    with pytest.raises(AssertionError, match="ephemeral range"):
+        _below_ephemeral(free_port())
+
+
+def test_a_fixed_port_skips_ports_that_are_taken(monkeypatch):
+    """Planted: a port held by a listener is never the answer."""
+    import random
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        busy, spare = held.getsockname()[1], free_port()
+        picks = iter([busy, busy, spare])
+        monkeypatch.setattr(random, "randrange", lambda a, b: next(picks))
+        assert free_fixed_port() == spare
 
 
 def test_a_port_that_is_not_free_is_not_bindable():

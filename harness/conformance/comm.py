@@ -295,8 +295,8 @@ def run_pair_case(case: PairCase, servers, *, dialect: str = COMM_DIALECT,
 
 # ---------------------------------------------------------------- server pairs
 def _free_port() -> int:
-    from ..impls.supervisor import free_port
-    return free_port()
+    from ..impls.supervisor import free_fixed_port
+    return free_fixed_port()
 
 
 @contextmanager

@@ -108,6 +108,38 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+_EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+_FIXED_PORTS_FROM = 10000  # below: well-known and registered services a user may run
+
+
+def _ephemeral_low(path: str = _EPHEMERAL_RANGE) -> int:
+    try:
+        with open(path) as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default low bound
+
+
+def free_fixed_port(host: str = "127.0.0.1", attempts: int = 200) -> int:
+    """A port for a peer to bind later by number (a COMM_INIT's rank-0 listen): free now and
+    below the ephemeral range, so no connection's source port or port-0 bind can take it in
+    the meantime, and a connect to it cannot pick it as its own source port (self-connect).
+    A free_port() port was taken that way in a CI matrix: 'failed to listen on comm port'."""
+    import random
+    low = _ephemeral_low()
+    if low <= _FIXED_PORTS_FROM + 1:
+        return free_port(host)
+    for _ in range(attempts):
+        port = random.randrange(_FIXED_PORTS_FROM, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise OSError(f"no free port in {_FIXED_PORTS_FROM}..{low - 1} after {attempts} tries")
+
+
 def _proc_net_addr(host: str, port: int) -> str:
     # /proc/net/tcp prints the IPv4 address as the raw in-memory u32, i.e. byte-reversed hex.
     packed = socket.inet_aton(host)
