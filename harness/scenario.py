@@ -12,6 +12,8 @@ programs say about themselves. Data checks compare what came back with the expec
 
 from __future__ import annotations
 
+import functools
+import json
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
@@ -209,7 +211,16 @@ def run_steps(ctx: Context, steps: list[dict], *, connect: bool = True) -> list[
 
 def data_check(name: str, got: dict, fill: dict, nbytes: int) -> Check:
     """A ``get`` step's fingerprint against the bytes ``fill`` describes."""
-    return expect_bytes(name, got, make_fill(fill, nbytes))
+    want = _fill_fingerprint(make_fill, json.dumps(fill, sort_keys=True), nbytes)
+    return expect_fingerprint(name, got, dict(want))
+
+
+@functools.lru_cache(maxsize=64)
+def _fill_fingerprint(fill_fn, fill_json: str, nbytes: int) -> tuple:
+    # make_fill is deterministic in (fill, nbytes): every cell of a run checks the same 64 MiB
+    # fills, each check drew and hashed them again (a second for roundtrip on a loaded machine).
+    # Keyed by the function too: a test that plants a wrong make_fill gets its own answers.
+    return tuple(fingerprint(fill_fn(json.loads(fill_json), nbytes)).items())
 
 
 def expect_bytes(name: str, got: dict, want) -> Check:

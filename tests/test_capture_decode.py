@@ -177,3 +177,40 @@ def test_a_passing_cells_transcript_with_hashed_payloads_decodes(tmp_path, monke
     monkeypatch.setattr(decode_mod, "FORMATS", (MAGIC,))
     with pytest.raises(ValueError, match="neither a pcap nor a ggml-rpc transcript"):
         list(iter_lines(tmp_path / "conn0.rpct"))
+
+
+def _upload_transcript() -> Transcript:
+    d = get_dialect("7.0.0")
+    t = RpcTensor.make(id=1, type=0, ne=(16,), buffer=0x1000, data=0x1000)
+    tr = Transcript(keep=1 << 20)
+    tr.add(0.0, C2S, pack_request(d, HelloRequest()))
+    frame = pack_request(d, SetTensorRequest(t, 0, 0, bytes(range(1, 65))))
+    tr.add(0.1, C2S, frame[:-64])
+    tr.add(0.2, C2S, frame[-64:])  # the payload, a chunk of its own (what elision drops)
+    return tr
+
+
+def _is_a_fresh_decode(tr: Transcript) -> bool:
+    first = tr.decode(keep_data=0)
+    return tr.decode(keep_data=0) is first and tr.decode(dialect="7.0.0", keep_data=0) is not first
+
+
+def _payload_hash(tr: Transcript) -> str:
+    [ex] = [e for e in tr.decode(keep_data=0).exchanges if e.data_hash is not None]
+    return ex.data_hash
+
+
+def test_a_transcript_decodes_once_until_its_chunks_change():
+    """The matrix reads a cell's transcript several times: one decode, remembered while the
+    chunks are the same; an elided payload or a chunk more decodes again (planted: a memo
+    keyed on the chunk count alone would return the stale session after elision)."""
+    tr = _upload_transcript()
+    assert _is_a_fresh_decode(tr)
+    before, kept = tr.decode(keep_data=0), _payload_hash(tr)
+    payload = tr.chunks[2]
+    tr.chunks[2] = type(payload)(payload.t, payload.direction, payload.length, None)
+    after = tr.decode(keep_data=0)
+    assert after is not before
+    assert _payload_hash(tr) != kept  # zeros now stand for the elided bytes
+    tr.add(0.3, S2C, b"\x00")
+    assert tr.decode(keep_data=0) is not after

@@ -211,6 +211,38 @@ def test_the_changed_file_check_sees_an_untracked_file_and_a_stray_edit(tmp_path
     assert _changed(tmp_path, before) == {"a.py", "b.py"}
 
 
+# test_scenarios.py's tests that run cells of fixed reference implementations and scenarios
+# named in the test (REF7, a 6.0.0/7.0.0 liar), none read from a registry the trial adds to:
+# the copy's run of them would repeat the suite's own run (about 100 s of the trial's 290 s).
+FIXED_CELL_TESTS = (
+    "test_honest_reference_cells_pass_every_stricter_check",
+    "test_client_that_sends_after_the_hello_it_rejects_fails_that_check",
+    "test_two_clients_each_read_back_their_own_pattern",
+    "test_every_data_check_fails_on_wrong_expected_bytes",
+    "test_load_checks_every_byte_of_every_tensor",
+    "test_a_client_that_hashes_unlike_its_label_is_misconfigured",
+    "test_a_client_speaking_another_dialect_than_its_label_is_misconfigured",
+    "test_pytest_plugin_fails_a_missing_peer_unless_allowed",
+)
+
+
+def _runs_a_design_of_its_own(name: str) -> bool:
+    import inspect
+
+    import test_scenarios
+    source = inspect.getsource(getattr(test_scenarios, name))
+    return "one_design(" in source and "SCENARIOS" not in source and "DIALECTS" not in source
+
+
+def test_the_fixed_cell_tests_name_real_tests_of_fixed_cells():
+    """Each deselected test exists (a renamed one raises here, not silently runs again) and
+    builds its own design; planted: a test that reads the scenario registry is refused."""
+    assert all(_runs_a_design_of_its_own(name) for name in FIXED_CELL_TESTS)
+    assert not _runs_a_design_of_its_own("test_every_scenario_module_registers_itself")
+    with pytest.raises(AttributeError):
+        _runs_a_design_of_its_own("test_renamed_meanwhile")
+
+
 @pytest.mark.slow
 def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_names(tmp_path):
     import json
@@ -285,7 +317,9 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
     rc, out = pytest_in_tree("-x", "-m", "not realpeer and not slow", "-rA",
                              "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
                              "tests/test_conformance_8.py", "tests/test_scenarios.py",
-                             "tests/test_strategies.py", "tests/test_error_roots.py")
+                             "tests/test_strategies.py", "tests/test_error_roots.py",
+                             *(f"--deselect=tests/test_scenarios.py::{t}"
+                               for t in FIXED_CELL_TESTS))
     assert rc == 0, out[-4000:]
     # the row was held to the catalogue, and the framing check read the new mutation's entry
     assert "PASSED tests/test_conformance_8.py::test_every_row_meets_the_catalogue_on_its_" \

@@ -59,3 +59,21 @@ def test_the_equivalence_catches_a_period_not_repeated(monkeypatch):
         slice(0, len(period)), period))
     fill = {"pattern": "arange", "dtype": "u8"}
     assert make_fill(fill, 1000).tobytes() != one_call(fill, 1000).tobytes()
+
+
+def test_a_data_check_remembers_its_expected_bytes_per_fill_function(monkeypatch):
+    """data_check draws each (fill, size) once a process; a planted make_fill (the data-check
+    tests' wrong byte) is still seen after the honest one was remembered."""
+    import harness.scenario as api
+    fill = {"pattern": "random", "seed": 7, "dtype": "u8"}
+    got = driver.fingerprint(make_fill(fill, 4099))
+    assert api.data_check("c", got, fill, 4099).ok
+    assert api.data_check("c", got, fill, 4099).ok  # the remembered answer
+    assert not api.data_check("c", got, fill, 4098).ok
+
+    def wrong(f, n):
+        out = make_fill(f, n)
+        out[-1] ^= 0xFF
+        return out
+    monkeypatch.setattr(api, "make_fill", wrong)
+    assert not api.data_check("c", got, fill, 4099).ok
