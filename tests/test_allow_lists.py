@@ -160,6 +160,8 @@ DEATHS = [
     "oob:write out of bounds accepted: COPY_TENSOR dst room for src before its buffer's base",
     "SIGSEGV wild address in libc.so.6 page 0x16d000 from libggml-base.so page 0x2e000",
     "double free or corruption (!prev)",
+    "double free or corruption (out)",
+    "free(): invalid pointer",
 ]
 # near misses no death entry may let pass: another assert, the same one on the reference, ...
 NEAR_DEATHS = [
@@ -181,7 +183,7 @@ NEAR_DEATHS = [
     # wild address inside libc's own code
     "oob:write out of bounds accepted: COPY_TENSOR dst room for src past its buffer's end",
     "oob:write out of bounds accepted: SET_TENSOR region before its buffer's base",
-    "free(): invalid pointer",
+    "double free or corruption (fasttop)",
     "SIGSEGV wild address in libc.so.6 page 0x16d000",
 ]
 
@@ -207,7 +209,7 @@ def _close_case(what: str, stale: str | None = None, case: str | None = None):
     if case:
         desc["case"] = case
     mutated = step(pack_request(D7, m.GraphComputeRequest(0, 0, (), ())), "GRAPH_COMPUTE",
-                   desc=desc) if what == "field:graph_class" else \
+                   desc=desc) if what in ("field:graph_class", "field:scale_class") else \
         step(pack_request(D7, m.GetAlignmentRequest(0)), "GET_ALIGNMENT", desc=desc)
     steps = [mutated]
     if stale == "cross-base":  # a second buffer, then a tensor of it at buffer 0's base + 8 KiB
@@ -224,6 +226,33 @@ def _close_case(what: str, stale: str | None = None, case: str | None = None):
             pack_request(D7, m.BufferClearRequest(sentinel(HANDLE, 0), 0)), "BUFFER_CLEAR")
         steps = [free, ref]
     return _session(*steps)
+
+
+ZERO_BYTE_COPY = ("src.buffer=other src.data=own:end-nbytes src.shape=zero_elements "
+                  "dst.buffer=other dst.data=own:end-nbytes dst.shape=zero_elements")
+
+
+def _copy_case(label: str, cmd: str = "COPY_TENSOR"):
+    """A combinatorial case of ``cmd`` whose close point is blamed on its classes ``label``."""
+    desc = {"kind": "field", "what": "combinatorial", "case": label}
+    msg = m.CopyTensorRequest(_tensor(0, 4), _tensor(64, 4)) if cmd == "COPY_TENSOR" else \
+        m.GetTensorRequest(_tensor(0, 4), 0, 16)
+    return _session(step(pack_request(D7, msg), cmd, desc=desc))
+
+
+def _check_zero_byte_copy(entry: dict) -> None:
+    """The real side answered a copy of nothing that the reference refused; near: a source
+    with elements (bytes copied), another command, the reference the one that answered."""
+    real_ok = dict(statuses=(OK, CLOSED), proven=(4, 3))
+    answers = ([HELLO, bytes(16), bytes(8), b""], [HELLO, bytes(16), bytes(8)])
+    c = _copy_case(ZERO_BYTE_COPY)
+    assert _allows(entry, _runs(c, *answers, **real_ok), c), entry["match"]
+    written = _copy_case(ZERO_BYTE_COPY.replace("src.shape=zero_elements",
+                                                "src.shape=misaligned_stride"))
+    assert not _allows(entry, _runs(written, *answers, **real_ok), written)
+    other = _copy_case(ZERO_BYTE_COPY, "GET_TENSOR")
+    assert not _allows(entry, _runs(other, *answers, **real_ok), other)
+    assert not _allows(entry, _runs(c, *answers[::-1], statuses=(CLOSED, OK), proven=(3, 4)), c)
 
 
 # what the reference side dies of in a near miss where both broke (no death entry names it)
@@ -271,6 +300,13 @@ def _check_list(path: Path) -> None:
             assert not _allows(entry, _runs(other, *answers, **real_ok), other)
             assert not _allows(entry, _runs(c, *answers[::-1], statuses=(CLOSED, OK),
                                             proven=(3, 4)), c)
+            if "scale_class:" in entry["match"]:  # the scale graphs past the bound, not ids
+                wide = _close_case("field:scale_class", case="fanin_65536_leaves")
+                assert _allows(entry, _runs(wide, *answers, **real_ok), wide), entry["match"]
+                ids = _close_case("field:scale_class", case="node_ids_2^20")
+                assert not _allows(entry, _runs(ids, *answers, **real_ok), ids)
+        elif entry["kind"] == "close" and "combinatorial:" in entry["match"]:
+            _check_zero_byte_copy(entry)
         elif entry["kind"] == "close":
             stale = next((t for t in ("stale-base", "stale-handle", "near-handle", "cross-base")
                           if t in entry["match"]), None)
