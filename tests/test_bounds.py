@@ -173,6 +173,22 @@ def test_a_graph_names_every_tensor_with_memory_and_a_computed_node_its_extents(
         "space" in lines(computed, accepted(computed))
 
 
+def test_the_reference_refuses_a_computed_node_it_would_skip_whose_elements_leave_its_buffer():
+    """Found by the p7 differential of 2026-12-05 (an evolved session): a SQRT node whose
+    shape wraps size_t, so ggml_nbytes puts it inside its buffer, and whose source has another
+    shape. The reference skipped the node (shapes differ) and answered success, which the
+    oracle rightly flags: the CPU backend walks the node's elements, not its nbytes. Every
+    computed node and source is now held to its extent before the op's own checks."""
+    wraps = _case(_graph(ggml.FLAG_COMPUTE, shape=_WRAP_SMALL))  # ADD over (64,) sources
+    assert lines(wraps, accepted(wraps))  # the oracle flags it on an accepting server
+    out = honest(wraps)
+    assert out.status == CLOSED and lines(wraps, out) == [], (out.status, out.detail)
+    assert "outside its buffer" in out.detail, out.detail
+    # and the same node in bounds with sources of another shape is still skipped, answered
+    skipped = _case(_graph(ggml.FLAG_COMPUTE, source=_t(1, at=0, n=32).with_(id=1)))
+    assert honest(skipped).status == OK and lines(skipped, honest(skipped)) == []
+
+
 def test_a_freed_buffer_is_no_longer_live_and_a_recompute_touches_the_stored_graph():
     sess = _Session(D, _Model())
     head = [HEAD[0]]
