@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from ..proto import Cmd, get_dialect, ggml
 from ..proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
 from ..proto.dialects import Dialect
-from ..proto.tensor import RpcTensor
+from ..proto.tensor import RpcTensor, element_extent
 from ..proto.wire import U64, U64_MAX
 from .case import BASE, HANDLE, SIZE, Case, relocate
 from .signature import Signature
@@ -87,16 +87,7 @@ class Violation:
         return Signature(ACCEPTED_OOB, "", self.line, self.cmd)
 
 
-def extent(t: RpcTensor, numbering) -> int | None:
-    """Bytes a kernel walking ``t`` touches (exact, unbounded); None for an invalid type."""
-    tr = numbering.type_traits(t.type)
-    if tr is None or not tr.blck_size:
-        return None
-    if any(n <= 0 for n in t.ne):
-        return 0
-    if tr.blck_size == 1:
-        return tr.type_size + sum((t.ne[i] - 1) * t.nb[i] for i in range(4))
-    return t.ne[0] * t.nb[0] // tr.blck_size + sum((t.ne[i] - 1) * t.nb[i] for i in range(1, 4))
+extent = element_extent  # bytes a kernel walking t touches (exact, unbounded)
 
 
 def nbytes64(t: RpcTensor, numbering) -> int | None:

@@ -109,5 +109,19 @@ def nbytes(t: RpcTensor) -> int:
     return total & U64_MAX
 
 
+def element_extent(t: RpcTensor, numbering) -> int | None:
+    """Bytes a kernel walking ``t``'s elements by its strides touches, exactly (unbounded:
+    ggml_nbytes wraps in size_t, so a shape can pass a buffer check and still reach past every
+    buffer); None for a type without a block size in ``numbering``."""
+    tr = numbering.type_traits(t.type)
+    if tr is None or not tr.blck_size:
+        return None
+    if any(n <= 0 for n in t.ne):
+        return 0
+    if tr.blck_size == 1:
+        return tr.type_size + sum((t.ne[i] - 1) * t.nb[i] for i in range(4))
+    return t.ne[0] * t.nb[0] // tr.blck_size + sum((t.ne[i] - 1) * t.nb[i] for i in range(1, 4))
+
+
 def element_count(t: RpcTensor) -> int:
     return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..proto import ggml
-from ..proto.tensor import RpcTensor, nbytes
+from ..proto.tensor import RpcTensor, element_extent, nbytes
 from .errors import ReferencePeerError
 from .memory import Buffer
 
@@ -133,23 +133,11 @@ def execute(nodes: list[ServerTensor]) -> list[str]:
     return warnings
 
 
-def element_extent(rec: RpcTensor, numbering: ggml.Numbering) -> int:
-    """Bytes a kernel walking the tensor's elements touches, exactly (ggml_nbytes wraps in
-    size_t, so a shape can pass the buffer check and still reach past every buffer)."""
-    traits = numbering.type_traits(rec.type)
-    if traits is None or not traits.blck_size or any(n <= 0 for n in rec.ne):
-        return 0  # no elements, or a type the op refuses anyway
-    if traits.blck_size == 1:
-        return traits.type_size + sum((rec.ne[i] - 1) * rec.nb[i] for i in range(4))
-    return rec.ne[0] * rec.nb[0] // traits.blck_size + \
-        sum((rec.ne[i] - 1) * rec.nb[i] for i in range(1, 4))
-
-
 def _require_elements_inside(node: ServerTensor, t: ServerTensor) -> None:
     """A computed node and its sources, before the op's own checks: a node skipped for its
     shapes is still answered with success, and a success answer to elements outside their
     buffer is what the accepted-out-of-bounds oracle flags (harness/fuzz/bounds.py)."""
-    n = element_extent(t.rec, t.numbering)
+    n = element_extent(t.rec, t.numbering)  # None: a type the op refuses anyway
     if n and (t.buffer is None or not t.buffer.contains(t.rec.data, n)):
         where = "has no buffer on this server" if t.buffer is None else \
             f"reaches outside its buffer ({n} bytes from 0x{t.rec.data:x})"
