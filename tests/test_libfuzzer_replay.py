@@ -294,3 +294,26 @@ def test_a_finding_without_a_signature_cannot_be_saved(tmp_path):
         save_reproducer(tmp_path / "f", signature=None, case=annotate("7.0.0", ()),
                         outcome=None, target="p7", dialect="7.0.0")
     assert not (tmp_path / "f").exists()
+
+
+# The libFuzzer p7 campaign of 2026-12-05: the in-process target read freed heap, the live
+# sanitizer server an unmapped page, at the same frame (ROLL copying a row from a source
+# whose rows the request placed outside any buffer).
+ROLL_UAF = ("AddressSanitizer: heap-use-after-free READ size 4 in ggml_vec_cpy_f32 (vec.h) < "
+            "ggml_compute_forward_roll_f32 (ops.cpp) < ggml_compute_forward_roll (ops.cpp)")
+ROLL_SEGV = ("AddressSanitizer: SEGV READ in ggml_vec_cpy_f32 (vec.h) < "
+             "ggml_compute_forward_roll_f32 (ops.cpp) < ggml_compute_forward_roll (ops.cpp)")
+
+
+def test_a_bad_read_at_one_frame_replays_wherever_the_address_landed():
+    assert result(sig(ROLL_UAF, command="GRAPH_COMPUTE"),
+                  sig(ROLL_SEGV, "SIGABRT", "GRAPH_COMPUTE")).reproduced
+    # planted near misses: a write, another frame, a class that is not an address's
+    write = ROLL_SEGV.replace("SEGV READ", "SEGV WRITE")
+    frame = ROLL_SEGV.replace("in ggml_vec_cpy_f32", "in ggml_vec_add_f32")
+    double_free = ROLL_SEGV.replace("SEGV READ", "attempting double-free")
+    for other in (write, frame, double_free):
+        assert not result(sig(ROLL_UAF, command="GRAPH_COMPUTE"),
+                          sig(other, "SIGABRT", "GRAPH_COMPUTE")).reproduced, other
+    assert not sanitizer.same_bad_access(OVERLAP, OVERLAP_LIVE.replace(
+        "memcpy-param-overlap", "heap-buffer-overflow READ"))

@@ -288,6 +288,36 @@ def report_key(line: str) -> tuple[str, str] | None:
     return head, _without_template_args(where.split(" < ", 1)[0])
 
 
+# ASan errors that say only where a bad pointer landed: whether a read or write through an
+# address the request computed hits freed heap, a chunk's redzone or an unmapped page is the
+# process's layout (the in-process target's heap is not the live server's), as the fault
+# shim's null page and wild address are (signature.same_bad_pointer_site).
+BAD_ADDRESS_CLASSES = frozenset({
+    "heap-use-after-free", "heap-buffer-overflow", "stack-buffer-overflow",
+    "global-buffer-overflow", "stack-use-after-return", "stack-use-after-scope",
+    "use-after-poison", "container-overflow", "unknown-crash", "wild-addr-read",
+    "wild-addr-write", "SEGV"})
+_ACCESS = re.compile(r"\b(READ|WRITE)\b")
+
+
+def same_bad_access(a: str, b: str) -> bool:
+    """Do two AddressSanitizer lines name one bad read (or write) at one faulting frame, each
+    of an address class (:data:`BAD_ADDRESS_CLASSES`)? Other errors (double free,
+    memcpy-param-overlap, a leak) and other access types stay apart."""
+    ka, kb = report_key(a), report_key(b)
+    if ka is None or kb is None or not ka[1] or ka[1] != kb[1]:
+        return False
+    classes = []
+    for head in (ka[0], kb[0]):
+        tool, _, rest = head.partition(": ")
+        access = _ACCESS.search(rest)
+        if tool != "AddressSanitizer" or not rest or access is None:
+            return False
+        classes.append((rest.split()[0], access.group(1)))
+    (ca, aa), (cb, ab) = classes
+    return aa == ab and ca in BAD_ADDRESS_CLASSES and cb in BAD_ADDRESS_CLASSES
+
+
 def _without_template_args(frame: str) -> str:
     """``f<&op_div (x.cpp)`` and ``f<&(op_div(float, float)) (x.cpp)`` are one frame: the two
     symbolizers spell (and the signature cuts) a template's arguments differently."""

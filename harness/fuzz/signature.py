@@ -235,6 +235,8 @@ def reproduces(expected: Signature | None, observed: Signature | None, *,
         return True  # saved by a shim that did not yet name the caller of a libc fault
     if o.signal == e.signal and same_bad_pointer_site(o.line, e.line):
         return True
+    if sanitizer.same_bad_access(o.line, e.line):
+        return True  # one bad read or write; where the address landed is the heap's layout
     if sanitizer.same_report(o.line, e.line):
         # One sanitizer error seen by two builds: how it ends the process is a runtime
         # option (exit 1 in process, SIGABRT from a server with abort_on_error).
