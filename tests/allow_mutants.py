@@ -217,6 +217,10 @@ CLOSE_CAUSES = (
     ("field:buffer near-handle", "a-further"),
     ("cross-base field:data", "a-further"),
     ("field:graph_class field:graph_class:tensors_past_bound", "a-further"),
+    ("field:scale_class field:scale_class:fanin_65536_leaves", "a-further"),
+    ("field:combinatorial field:combinatorial:src.buffer=other_src.data=own:end-nbytes_"
+     "src.shape=zero_elements_dst.buffer=other_dst.data=own:end-nbytes_"
+     "dst.shape=zero_elements", "a-further"),
 )
 
 
