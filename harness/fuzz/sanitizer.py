@@ -297,7 +297,7 @@ BAD_ADDRESS_CLASSES = frozenset({
     "global-buffer-overflow", "stack-use-after-return", "stack-use-after-scope",
     "use-after-poison", "container-overflow", "unknown-crash", "wild-addr-read",
     "wild-addr-write", "SEGV"})
-_ACCESS = re.compile(r"\b(READ|WRITE)\b")
+_ACCESS_WORD = re.compile(r"\b(READ|WRITE)\b")  # in a signature line
 
 
 def same_bad_access(a: str, b: str) -> bool:
@@ -310,7 +310,7 @@ def same_bad_access(a: str, b: str) -> bool:
     classes = []
     for head in (ka[0], kb[0]):
         tool, _, rest = head.partition(": ")
-        access = _ACCESS.search(rest)
+        access = _ACCESS_WORD.search(rest)
         if tool != "AddressSanitizer" or not rest or access is None:
             return False
         classes.append((rest.split()[0], access.group(1)))
