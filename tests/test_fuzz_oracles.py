@@ -358,3 +358,25 @@ def test_memory_settles_only_while_a_request_may_still_be_running(monkeypatch):
     monkeypatch.setattr(oracles_mod, "_caught_up", lambda case, out: False)
     o.during(answered, Outcome(OK, progress=2), isolated=True)
     assert Counting.settles == 2
+
+
+def test_every_frame_written_counts_toward_what_justifies_a_cache_file():
+    """A pipelined case whose end was pinned before its last upload: the server may have read
+    and cached that upload (CI run 16: a cache_flag=255 SET_TENSOR at step 16 cached by real
+    p7, its case's end pinned earlier). Planted: counting only up to the pinned step."""
+    from harness.fuzz import oracles
+    from harness.fuzz.execute import CLOSED, Outcome
+    from harness.fuzz.case import annotate, step
+    from harness.proto import get_dialect, pack_request
+    from harness.proto import messages as m
+    from harness.proto.tensor import RpcTensor
+    from harness import strategies as rst
+    d = get_dialect("7.0.0")
+    t = RpcTensor.make(id=1, type=0, ne=(64,), buffer=0x1000, data=0x1000)
+    case = annotate(d, (step(rst.hello_request_frame(d), "HELLO"),
+                        step(pack_request(d, m.GetAlignmentRequest(0)), "GET_ALIGNMENT"),
+                        step(pack_request(d, m.SetTensorRequest(t, 255, 0, bytes(256))),
+                             "SET_TENSOR")))
+    out = Outcome(CLOSED, at=1, frames_sent=3)
+    assert oracles.case_cost(case, oracles._sent(case, out)).uploads == 1
+    assert oracles.case_cost(case, min(out.at + 1, 3)).uploads == 0  # the old count

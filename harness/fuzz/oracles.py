@@ -525,7 +525,13 @@ def _fd_signature() -> Signature:
 
 
 def _sent(case: Case, out: Outcome) -> int:
-    return len(case.steps) if out.at is None else min(out.at + 1, len(case.steps))
+    """The steps whose cost may justify what the server did: up to where the run ended, and
+    every frame the client had written by then (a pipelined server may read and serve frames
+    past the step a close is pinned to: a real p7 cached an upload at step 16 of a case whose
+    end was pinned earlier, and the oracle called the file unasked for)."""
+    if out.at is None:
+        return len(case.steps)
+    return min(max(out.at + 1, out.frames_sent), len(case.steps))
 
 
 def _slowest_command(case: Case, out: Outcome) -> str:
