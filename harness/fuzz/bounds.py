@@ -87,12 +87,9 @@ class Violation:
         return Signature(ACCEPTED_OOB, "", self.line, self.cmd)
 
 
-extent = element_extent  # bytes a kernel walking t touches (exact, unbounded)
-
-
 def nbytes64(t: RpcTensor, numbering) -> int | None:
     """ggml_nbytes as the server computes it (size_t: wrapping)."""
-    n = extent(t, numbering)
+    n = element_extent(t, numbering)
     return None if n is None else n & U64_MAX
 
 
@@ -206,7 +203,7 @@ def _graph(d: Dialect, msg, live: dict) -> list[Access] | None:
         if computed:
             for role, t in [("node", node)] + [("source", records[s]) for s in node.src
                                                 if s and s in records]:
-                n = extent(t, num)
+                n = element_extent(t, num)
                 if n is None:
                     return None
                 if n:
