@@ -575,5 +575,23 @@ def test_a_null_page_and_a_wild_address_at_one_site_are_one_crash(monkeypatch):
     assert not seen("SIGSEGV stack overflow in libggml-base.so (ggml_op_name)")
     assert not seen("SIGBUS null page in libggml-base.so (ggml_op_name)", "SIGBUS")
     # planted: the class read as part of the site
-    monkeypatch.setattr(sig, "same_bad_pointer_site", lambda a, b: a == b)
+    monkeypatch.setattr(sig, "bug_line", lambda line: line)
     assert not seen("SIGSEGV null page in libggml-base.so (ggml_op_name)")
+
+
+def test_a_campaign_claims_a_null_page_and_a_wild_address_at_one_site_once(monkeypatch):
+    """A campaign dedupes by the signature's id (the claim folder) and its same_bug: the two
+    classes of one faulting site are one finding there too, not two (the replay rule already
+    took them as one). The line itself keeps the class that was seen."""
+    from harness.fuzz import signature as sig
+
+    def crash(line: str, module: str = "SET_TENSOR") -> sig.Signature:
+        return sig.Signature("crash", "SIGSEGV", line, module)
+    wild = crash("SIGSEGV wild address in libggml-base.so (ggml_op_name)")
+    null = crash("SIGSEGV null page in libggml-base.so (ggml_op_name)")
+    other = crash("SIGSEGV null page in libggml-base.so (ggml_type_name)")
+    assert wild.id == null.id and wild.same_bug(null) and "wild address" in wild.title()
+    assert other.id != null.id and not other.same_bug(null)
+    assert crash("SIGSEGV stack overflow in libggml-base.so (ggml_op_name)").id != null.id
+    monkeypatch.setattr(sig, "bug_line", lambda line: line)  # planted: the class kept
+    assert wild.id != null.id and not wild.same_bug(null)

@@ -291,7 +291,7 @@ def report_key(line: str) -> tuple[str, str] | None:
 # ASan errors that say only where a bad pointer landed: whether a read or write through an
 # address the request computed hits freed heap, a chunk's redzone or an unmapped page is the
 # process's layout (the in-process target's heap is not the live server's), as the fault
-# shim's null page and wild address are (signature.same_bad_pointer_site).
+# shim's null page and wild address are (signature.bug_line).
 BAD_ADDRESS_CLASSES = frozenset({
     "heap-use-after-free", "heap-buffer-overflow", "stack-buffer-overflow",
     "global-buffer-overflow", "stack-use-after-return", "stack-use-after-scope",

@@ -30,14 +30,15 @@ class Signature:
     @property
     def id(self) -> str:
         """Short stable name (folder names, report anchors)."""
-        h = hashlib.sha1("\x1f".join((self.kind, self.signal, self.line,
+        h = hashlib.sha1("\x1f".join((self.kind, self.signal, bug_line(self.line),
                                       self.command)).encode()).hexdigest()[:8]
         return f"{self.kind}-{slug(self.command)}-{h}"
 
     def same_bug(self, other: "Signature | None", *, command: bool = True) -> bool:
         if other is None:
             return False
-        same = (self.kind, self.signal, self.line) == (other.kind, other.signal, other.line)
+        same = (self.kind, self.signal, bug_line(self.line)) == \
+            (other.kind, other.signal, bug_line(other.line))
         return same and (not command or self.command == other.command)
 
     def title(self) -> str:
@@ -193,11 +194,12 @@ def same_abort_site(a: str, b: str) -> bool:
 _BAD_POINTER = re.compile(r"^(?P<sig>SIG\w+) (?:null page|wild address) in (?P<site>.+)$")
 
 
-def same_bad_pointer_site(a: str, b: str) -> bool:
-    """Do two fault-shim lines name one faulting site (module and symbol), a null-page and a
-    wild-address dereference alike? Other classes (stack overflow, arithmetic) stay apart."""
-    ma, mb = _BAD_POINTER.match(a), _BAD_POINTER.match(b)
-    return bool(ma and mb and ma["sig"] == mb["sig"] and ma["site"] == mb["site"])
+def bug_line(line: str) -> str:
+    """The line as it identifies a bug: a null-page and a wild-address dereference at one
+    faulting site (module and symbol) are one line, so a campaign claims them once and a
+    replay of one reproduces the other. Other classes (stack overflow, arithmetic) stay."""
+    m = _BAD_POINTER.match(line)
+    return f"{m['sig']} bad pointer in {m['site']}" if m else line
 
 
 def same_abort_moved(a: str, b: str) -> bool:
@@ -233,8 +235,6 @@ def reproduces(expected: Signature | None, observed: Signature | None, *,
         return True  # one abort, its __LINE__ as gcc and as clang place it (or moved)
     if o.signal == e.signal and e.line and o.line.startswith(e.line + " from "):
         return True  # saved by a shim that did not yet name the caller of a libc fault
-    if o.signal == e.signal and same_bad_pointer_site(o.line, e.line):
-        return True
     if sanitizer.same_bad_access(o.line, e.line):
         return True  # one bad read or write; where the address landed is the heap's layout
     if sanitizer.same_report(o.line, e.line):
