@@ -95,8 +95,17 @@ def _note_allowed(report) -> None:
         _ALLOWED_SKIPS.append((report.nodeid, found[1]))
 
 
+# What a test measured and says of itself (the allow-list mutation count): recorded with
+# ``record_property("summary", ...)``, which travels with the report from an xdist worker,
+# where a print is lost, and printed at the end of the run.
+_SUMMARIES: list[tuple[str, str]] = []
+
+
 def pytest_runtest_logreport(report):
     _note_allowed(report)
+    if report.when == "call":
+        _SUMMARIES.extend((report.nodeid, str(v)) for k, v in report.user_properties
+                          if k == "summary")
 
 
 def pytest_collectreport(report):
@@ -104,6 +113,10 @@ def pytest_collectreport(report):
 
 
 def pytest_terminal_summary(terminalreporter):
+    if _SUMMARIES:
+        terminalreporter.section("what tests measured")
+        for nodeid, line in _SUMMARIES:
+            terminalreporter.write_line(f"{line}  [{nodeid}]")
     if not strictness.strict():
         return
     terminalreporter.section("skips allowed in strict mode")

@@ -28,7 +28,7 @@ def _all(tmp_path):
     return out
 
 
-def test_every_widening_of_every_shipped_entry_is_caught(tmp_path, capsys):
+def test_every_widening_of_every_shipped_entry_is_caught(tmp_path, record_property):
     results = _all(tmp_path)
     uncaught = [f"{name}: {w.entry['cmd']} {w.entry['kind']} {w.entry.get('match')!r}: "
                 f"{w.what} -> {w.widened.get('match', w.widened['cmd'])!r} "
@@ -36,10 +36,11 @@ def test_every_widening_of_every_shipped_entry_is_caught(tmp_path, capsys):
                 for name, w, v in results if v.caught_by is None and v.refused is None]
     by_kind = Counter(re.sub(r" .*", "", w.what.split(" the ", 1)[1]) for _, w, _ in results)
     entries = len({(name, id(w.entry)) for name, w, _ in results})
-    with capsys.disabled():
-        print(f"\nallow-list mutations: {len(results)} widenings of {entries} entries in "
-              f"{len(SHIPPED)} lists ({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}"
-              f"), {len(results) - len(uncaught)} caught")
+    # printed at the end of the run, under xdist too (tests/conftest.py)
+    record_property("summary", f"allow-list mutations: {len(results)} widenings of {entries} "
+                    f"entries in {len(SHIPPED)} lists "
+                    f"({', '.join(f'{k} {n}' for k, n in sorted(by_kind.items()))}), "
+                    f"{len(results) - len(uncaught)} caught")
     assert not uncaught, "widenings no planted divergence catches:\n" + "\n".join(uncaught)
     assert len(results) >= 100  # the generator generated
 

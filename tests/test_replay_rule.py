@@ -5,12 +5,14 @@ replay, client replay and the in-process engine's minimiser each say so."""
 
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
 
 import pytest
 
-from harness.fuzz import client_targets, replay as tcp_replay, signature as sig_mod
+from harness.fuzz import campaign as tcp_campaign, client_targets, replay as tcp_replay, \
+    signature as sig_mod
 from harness.fuzz.client_targets import ClientOutcome, ClientReplayResult
 from harness.fuzz.libfuzzer import running, triage as lf_triage
 from harness.fuzz.rdma import campaign as rdma_campaign, replay as rdma_replay
@@ -72,8 +74,11 @@ def test_a_death_without_its_log_line_is_not_the_finding(path):
 
 
 def test_every_path_uses_the_one_rule():
-    for module in (tcp_replay, rdma_replay, rdma_campaign, client_targets, lf_triage):
+    # the live TCP campaign confirms, hunts and minimises a finding by the rule as well
+    for module in (tcp_replay, tcp_campaign, rdma_replay, rdma_campaign, client_targets,
+                   lf_triage):
         assert module.reproduces is sig_mod.reproduces, module.__name__
+        assert ".same_bug(" not in inspect.getsource(module), module.__name__
 
 
 # ------------------------------------------------------------------ the in-process minimiser

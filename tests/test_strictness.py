@@ -199,3 +199,31 @@ def test_the_old_rule_lets_an_xfail_pass_strict_mode(tmp_path):
     """Planted: with xfails returned early (the rule before), CI=true exits 0 on them."""
     done = _inner_xfails(tmp_path, {"CI": "true"}, planted=OLD_XFAIL_RULE)
     assert done.returncode == 0 and "3 xfailed, 1 xpassed" in done.stdout, done.stdout
+
+
+MEASURES = '''
+def test_records(record_property):
+    record_property("summary", "widgets: 7 generated, 7 caught")
+
+def test_prints(capsys):
+    with capsys.disabled():
+        print("printed: 7 generated, 7 caught")
+'''
+
+
+def test_what_a_test_measured_reaches_the_end_of_an_xdist_run(tmp_path):
+    """The allow-list mutation test's count was printed from an xdist worker, where output is
+    dropped, so CI never showed it. A recorded summary travels with the report and the
+    controller prints it. Planted: the old print, which is lost."""
+    module("xdist", "pip install -e '.[test]' (pytest-xdist)")
+    (tmp_path / "test_sample.py").write_text(MEASURES)
+    shutil.copyfile(TESTS / "conftest.py", tmp_path / "conftest.py")
+    shutil.copyfile(TESTS / "needs.py", tmp_path / "needs.py")
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                           "-n", "2", str(tmp_path)], cwd=tmp_path, capture_output=True,
+                          text=True, env=clean, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "what tests measured" in done.stdout, done.stdout
+    assert "widgets: 7 generated, 7 caught  [test_sample.py::test_records]" in done.stdout
+    assert "printed: 7 generated" not in done.stdout  # the planted way: lost

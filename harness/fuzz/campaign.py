@@ -53,7 +53,7 @@ from .shrink import (Budget, drop_unneeded_mutations, minimise_case, save_reprod
                      transcript_of)
 from .sweep import PARTS, prepare, size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
-from .signature import Signature
+from .signature import Signature, reproduces
 from .target_spec import TargetSpec
 from .errors import TargetError
 
@@ -290,7 +290,7 @@ class _Worker:
             self.timing["minimise"] += time.perf_counter() - t0
             self.stats["shrink_attempts"] += 1
             self._emit_stats()
-            if verdict is not None and verdict.signature.same_bug(self.hunting, command=False):
+            if verdict is not None and reproduces(self.hunting, verdict.signature, command=False):
                 if _smaller(case, self.best):
                     self.best = case
                 _found()
@@ -369,7 +369,7 @@ class _Worker:
                 return
             fast = verdict.signature
             again, _ = self.runner.check(verdict.case)
-            if again is None or not again.signature.same_bug(verdict.signature, command=False):
+            if again is None or not reproduces(verdict.signature, again.signature, command=False):
                 again, _ = self.runner.check(verdict.case)  # one more try: timing
             if again is None:
                 # Not counted as seen: a later occurrence that does reproduce alone replaces
@@ -433,14 +433,14 @@ class _Worker:
             v, _ = self.runner.check(c)
             self.stats["shrink_attempts"] += 1
             self._emit_stats()
-            return v is not None and v.signature.same_bug(sig, command=False)
+            return v is not None and reproduces(sig, v.signature, command=False)
         minimal = minimise_case(case, same, budget) if len(case.steps) > 1 else case
         if len(minimal.steps) > 1:
             minimal = drop_unneeded_mutations(minimal, same)
         final, out = self.runner.check(minimal, lockstep=True, record=True)
-        if final is None or not final.signature.same_bug(sig, command=False):
+        if final is None or not reproduces(sig, final.signature, command=False):
             final, out = self.runner.check(minimal, record=True)
-        if final is None or not final.signature.same_bug(sig, command=False):
+        if final is None or not reproduces(sig, final.signature, command=False):
             minimal, final, out = case, verdict, None
             final.detail += "; the minimised case stopped reproducing (timing)"
         final.seen_at = verdict.seen_at  # found when first seen, not when minimised
