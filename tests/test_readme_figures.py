@@ -94,8 +94,12 @@ from harness.history.store import RunRecord  # noqa: E402
 FIGURES_STORE = ROOT / "fixtures" / "figures" / "history.jsonl"
 
 
+FRONT_DOOR = (ROOT / "README.md").read_text()
+
+
 def test_every_marked_figure_is_what_its_record_says():
-    found = fig.figures(README, store.read(FIGURES_STORE))
+    found = fig.figures(README + FRONT_DOOR, store.read(FIGURES_STORE))
+    assert any(f.kind == "campaign" for f in found)  # README's rates are marked
     stale = [f for f in found if f.stale]
     assert not stale, "figures that are not their records' (`harness history figures " \
         "docs/results.md --write` rewrites them):\n" + "\n".join(
@@ -107,6 +111,44 @@ def test_the_measured_run_figures_in_the_readme_are_marked():
     for quoted in re.findall(r"[\d,]+ cells: [\d,]+ pass, [\d,]+ skip", said):
         assert re.search(r"<!-- figure run:\S+ -->" + re.escape(quoted), said), \
             f"README quotes {quoted!r} without the run record it was measured in"
+
+
+# A campaign's rate as the README states it: bold, messages or executions per second.
+_RATE = re.compile(r"\*\*([^*]*?[\d,]+ (?:messages|executions)/s[^*]*)\*\*")
+
+
+def _unmarked_rates(text: str) -> list[str]:
+    return [m for m in _RATE.findall(" ".join(text.split()))
+            if not re.match(r"<!-- figure campaign:\S+ -->", m)]
+
+
+def test_the_campaign_rates_in_the_readme_are_marked():
+    assert _RATE.findall(" ".join(FRONT_DOOR.split())), "README states no campaign rate"
+    assert not _unmarked_rates(FRONT_DOOR), "README quotes a rate without its campaign record"
+    # planted: a rate typed into the prose
+    assert _unmarked_rates("sent **6,510 messages/s** in ten minutes") == ["6,510 messages/s"]
+
+
+def test_a_campaign_figure_reads_its_record_and_goes_stale_when_it_changes(tmp_path):
+    """A real (reference) campaign filed as a record: the figure is its rate and counts."""
+    from harness.fuzz.campaign import CampaignConfig, run_campaign
+    from harness.history.ingest import campaign_record
+    out, _ = run_campaign(CampaignConfig(target="ref", duration=3, seed=3, out=tmp_path / "c",
+                                         sweep_share=0))
+    rec = campaign_record(out, run_id="c-1")
+    assert rec.rate and rec.messages and rec.cases and rec.replayed == 0
+    text = fig.RENDERERS["campaign"](rec)
+    assert text.startswith(f"{rec.rate:,.0f} messages/s ({rec.messages:,} messages, "
+                           f"{rec.cases:,} connections") and text.endswith("0 findings")
+    doc = f"ran <!-- figure campaign:c-1 -->{text}<!-- /figure -->."
+    assert not fig.figures(doc, [rec])[0].stale
+    # planted: the campaign run again, faster, with one finding that replays
+    again = rec.model_copy(update={"rate": rec.rate * 2, "findings": {"crash": 1},
+                                   "replayed": 1})
+    [f] = fig.figures(doc, [again])
+    assert f.stale and f.measured.endswith("1 finding (1 replay)")
+    lf = again.model_copy(update={"engine": "libfuzzer", "restarts": None})
+    assert "executions/s" in fig.RENDERERS["campaign"](lf)
 
 
 def _record(**kw) -> RunRecord:

@@ -38,9 +38,19 @@ def _run(r: RunRecord) -> str:
 
 def _campaign(r: CampaignRecord) -> str:
     found = sum(r.findings.values())
+    findings = f"{found:,} finding{'s' * (found != 1)}" + \
+        (f" ({r.replayed:,} replay)" if r.replayed is not None and found else "")
+    if r.rate is not None and r.messages is not None:
+        # a rate with what it counted: messages on connections, or in-process executions
+        if r.engine == "libfuzzer":
+            return f"{r.rate:,.0f} executions/s ({r.messages:,} executions), {findings}"
+        counts = [f"{r.messages:,} messages"]
+        counts += [f"{n:,} {what}" for n, what in ((r.cases, "connections"),
+                                                   (r.restarts, "restarts")) if n is not None]
+        return f"{r.rate:,.0f} messages/s ({', '.join(counts)}), {findings}"
     seconds = f" in {r.seconds:,.0f} s" if r.seconds is not None else ""
     messages = f"{r.messages:,} messages{seconds}" if r.messages is not None else "?"
-    return f"{messages}, {found:,} finding{'s' * (found != 1)}"
+    return f"{messages}, {findings}"
 
 
 # record kind -> how a figure of that record reads (a new kind of figure: one entry here)
@@ -104,5 +114,10 @@ def summary_records(folder: Path) -> list[_Record]:
     if not found:
         raise HistoryError(f"{folder}: no run or campaign record to quote")
     filed = {(r.kind, r.run_id): r for r in read(Path(folder).parent / HISTORY_NAME)}
-    return [filed.get((r.kind, r.run_id), r).model_copy(update={"folder": None})
-            for r in found]
+    out = []
+    for r in found:
+        kept = filed.get((r.kind, r.run_id), r)
+        # a field the record filed then did not have yet is read from the folder
+        later = {k: v for k, v in r if getattr(kept, k, None) is None and v is not None}
+        out.append(kept.model_copy(update={**later, "folder": None}))
+    return out

@@ -166,11 +166,17 @@ def campaign_record(folder: Path, *, run_id: str | None = None) -> CampaignRecor
     server = r.get("server_coverage") or {}
     if isinstance(server, dict) and isinstance(server.get("line_percent"), (int, float)):
         coverage["line_percent"] = server["line_percent"]
-    messages = r.get("executions") if engine == "libfuzzer" else r.get("messages_sent")
+    in_process = engine == "libfuzzer"
+    messages = r.get("executions") if in_process else r.get("messages_sent")
+    listed = r.get("findings") or []
     return CampaignRecord(run_id=run_id or f"fuzz:{folder.name}:{int(ended)}", time=ended,
                           target=str(r.get("target", "?")), engine=engine,
                           dialect=r.get("dialect"), seconds=r.get("elapsed_s"),
                           messages=messages, findings=dict(findings), coverage=coverage,
+                          replayed=sum(bool(f.get("replays")) for f in listed),
+                          rate=r.get("executions_per_s" if in_process else "messages_per_s"),
+                          cases=r.get("cases"), restarts=None if in_process else
+                          r.get("restarts"), workers=r.get("workers"), seed=r.get("seed"),
                           problems=[str(p) for p in r.get("problems") or []],
                           folder=str(folder))
 

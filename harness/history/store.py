@@ -91,6 +91,12 @@ class CampaignRecord(_Record):
     seconds: float | None = None
     messages: int | None = None
     findings: dict[str, int] = {}  # finding class (signature kind) -> distinct findings
+    replayed: int | None = None  # findings that `harness replay` reproduced
+    rate: float | None = None  # messages (libFuzzer: executions) per second
+    cases: int | None = None  # connections (libFuzzer: executions)
+    restarts: int | None = None
+    workers: int | None = None
+    seed: int | None = None
     coverage: dict[str, float | int | None] = {}
     problems: list[str] = []
     folder: str | None = None
