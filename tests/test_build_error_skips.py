@@ -59,3 +59,40 @@ def test_strict_mode_never_allows_a_build_error(monkeypatch):
     monkeypatch.setenv("CI", "true")
     assert not strictness.allowed(BUILD_ERROR) and not strictness.allowed("pyverbs-missing")
     assert strictness.refusal(strictness.coded(BUILD_ERROR, "softverbs")) is not None
+
+
+# ------------------------------------------------------------------ a peer whose build failed
+def _p7_cell_skip(monkeypatch, cache):
+    from harness.impls.adapters import Adapter
+    from harness.matrix.execute import PlannedCell, cell_skip
+    monkeypatch.setenv("GGML_RPC_HARNESS_CACHE", str(cache))
+    job = PlannedCell(cell=None, expect=None, client=Adapter("ref-7", "ref", "7.0.0"),
+                      server=Adapter("llama-7", "pin", "7.0.0", pin="p7"))
+    return cell_skip(job)
+
+
+def test_a_peer_whose_build_failed_is_a_build_error_not_a_missing_peer(monkeypatch, tmp_path):
+    """A pin whose build failed left its log in the cache (harness.impls.build keeps it); its
+    cells were `peer-missing`, which `--allow-skip peer-missing` accepted. Planted: the same
+    cache without the log, the peer only unbuilt: still peer-missing."""
+    from harness.impls.cache import failed_build_log, forget_failed_builds, logs_dir
+    from harness.impls.registry import resolve_pin
+    from harness.scenario import PEER_MISSING
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    unbuilt = _p7_cell_skip(monkeypatch, cache)
+    assert unbuilt.code == PEER_MISSING  # the planted side: nothing failed, nothing built
+    key = resolve_pin("p7").key
+    logs_dir().mkdir(parents=True)
+    log = logs_dir() / f"{key}.build.log"
+    log.write_text("error: expected ';' before '}' token\n")
+    (logs_dir() / f"{key}+asan.build.log").write_text("another entry's log\n")
+    failed = _p7_cell_skip(monkeypatch, cache)
+    assert failed.code == BUILD_ERROR and str(log) in failed.reason, failed
+    assert not AllowSkip.parse([PEER_MISSING, "p7"]).allows(
+        {"verdict": "skip", "skip_code": failed.code, "reason": failed.reason,
+         "skip_missing": failed.missing})
+    # a build that succeeds later forgets the failure (only its own entry's logs)
+    forget_failed_builds(key)
+    assert failed_build_log(key) is None and (logs_dir() / f"{key}+asan.build.log").exists()
+    assert _p7_cell_skip(monkeypatch, cache).code == PEER_MISSING

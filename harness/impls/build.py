@@ -28,7 +28,8 @@ from pathlib import Path
 
 from . import glibc_compat, sanitize
 from .digest import NoRpcSources, library_digest, tree_digest
-from .cache import entry_lock, install_entry, logs_dir, new_stage_dir, remove_entry
+from .cache import (entry_lock, forget_failed_builds, install_entry, logs_dir,
+                    new_stage_dir, remove_entry)
 from .errors import (BuildError, MislabelledPeer, PatchRejected, PeerUnavailable, ToolMissing,
                      VariantUnsupported, VerificationError)
 from .fetch import download, unpack_sdist, unpack_wheel
@@ -253,6 +254,7 @@ def build_pin(name: str | Pin, *, extra_targets: Iterable[str] = (), progress=No
                                tree=tree)
             stage_dir.chmod(0o755)  # mkdtemp made it private; the entry is for every user
             install_entry(stage_dir, pin.entry_dir)
+            forget_failed_builds(pin.key)  # the entry is there: its last build did not fail
         except BuildError as e:
             _keep_failed_log(pin, e)
             raise

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import sanitize as sanitizers
+from .cache import failed_build_log
 from .errors import PeerUnavailable
 from .manifest import manifest_problem, read_manifest
 from .pins import Pin, load_pins
@@ -68,6 +69,7 @@ class RealPeer:
     dialect: str | None = None  # set when the version alone does not tell (7.0.0+flags)
     base: str | None = None  # the release pin a patched pin is built from
     patch_sha256: str = ""  # of the patch applied to its llama.cpp tree ("" = none)
+    build_failed: bool = False  # unavailable because its last build failed (not just absent)
 
     def server_cmd(self, host: str, port: int, cache_dir: Path | str | None = None,
                    threads: int = 1, *, line_buffered: bool = True
@@ -130,6 +132,10 @@ def peer_from_pin(pin: Pin, manifest: dict | None = None) -> RealPeer:
             peer.server_binary = pin.bin_dir / manifest.get("server", pin.server_target)
         return peer
     peer.reason = f"{problem}: run `{build_command(pin)}`"
+    failed = failed_build_log(pin.key)
+    if failed is not None:
+        peer.build_failed = True
+        peer.reason = f"its last build failed (log: {failed}); {peer.reason}"
     missing = missing_build_tools(pin)
     if missing:
         peer.reason += f" (needs {', '.join(missing)})"

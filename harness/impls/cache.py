@@ -46,6 +46,20 @@ def logs_dir() -> Path:
     return cache_root() / "logs"
 
 
+def failed_build_log(key: str) -> Path | None:
+    """The log a failed build of the entry ``key`` left (``logs/<key>.<step>.log``), newest
+    first, or None: the build has not failed, or has succeeded since."""
+    found = [p for p in logs_dir().glob(f"{key}.*.log")
+             if re.fullmatch(r"[A-Za-z_-]+\.log", p.name[len(key) + 1:])]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def forget_failed_builds(key: str) -> None:
+    for p in logs_dir().glob(f"{key}.*.log"):
+        if re.fullmatch(r"[A-Za-z_-]+\.log", p.name[len(key) + 1:]):
+            p.unlink(missing_ok=True)
+
+
 def user_peers_file() -> Path:
     return cache_root() / "user-peers.json"
 

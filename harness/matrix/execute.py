@@ -25,7 +25,7 @@ from ..impls.driver import ExitInfo
 from ..impls.model_client import LOADPROF_ENV
 from ..impls.supervisor import ServerProcess, ServerStartError
 from ..reference.knobs import Misbehaviour, parse_knobs
-from ..scenario import (DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, REJECTED,
+from ..scenario import (BUILD_ERROR, DEVICE_MISSING, NOT_APPLICABLE, PEER_MISSING, REJECTED,
                         SCENARIOS, Observation, Scenario, Skip)
 from ..transport.chop import Delivery, FaultProxy
 from .cells import RELEASES, Cell, expectation_for
@@ -99,7 +99,9 @@ def cell_skip(job: PlannedCell) -> Skip | None:
     for adapter in (job.client, job.server):
         reason = adapter.unavailable()
         if reason:
-            return Skip(reason, PEER_MISSING, adapter.pin or adapter.image or adapter.name)
+            # a peer whose build failed is a failure no --allow-skip accepts, not a missing one
+            return Skip(reason, BUILD_ERROR if adapter.build_failed() else PEER_MISSING,
+                        adapter.pin or adapter.image or adapter.name)
     if job.cell.transport == RDMA_SOFT:
         return _soft_skip(job)
     if job.cell.transport != "tcp":
@@ -121,10 +123,11 @@ def _soft_skip(job: PlannedCell) -> Skip | None:
         if adapter.kind == "ref":
             continue
         pin = rdma_pin(adapter.pin)
-        reason = dc_replace(adapter, pin=pin).unavailable()
+        rdma = dc_replace(adapter, pin=pin)
+        reason = rdma.unavailable()
         if reason:
             return Skip(f"{reason} (the RDMA build: `harness peers build {adapter.pin} --rdma`)",
-                        PEER_MISSING, pin)
+                        BUILD_ERROR if rdma.build_failed() else PEER_MISSING, pin)
     return None
 
 
