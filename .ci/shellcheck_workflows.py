@@ -1,6 +1,7 @@
-"""Shellcheck every `run:` script of the GitHub workflows, as actionlint's shellcheck rule does.
+"""Shellcheck every `run:` script of the GitHub workflows and composite actions, as
+actionlint's shellcheck rule does.
 
-    python .ci/shellcheck_workflows.py .github/workflows/*.yml
+    python .ci/shellcheck_workflows.py .github/workflows/*.yml action.yml
 
 The WebAssembly actionlint (`make lint-workflows`) cannot start programs, so its shellcheck
 rule never runs: this does it with Debian's shellcheck. Each bash/sh step's script is checked
@@ -51,7 +52,12 @@ def scripts(path: Path) -> list[tuple[int, int, str, str]]:
     lines = source.splitlines()
     root = _mapping(yaml.compose(source))
     found = []
-    for job in _mapping(root.get("jobs")).values():
+    # a workflow's jobs, or a composite action's one list of steps (runs.steps: each run:
+    # step names its shell, which an action requires)
+    jobs = list(_mapping(root.get("jobs")).values())
+    if "runs" in root:
+        jobs.append(root["runs"])
+    for job in jobs:
         job_map = _mapping(job)
         steps = job_map.get("steps")
         for step in steps.value if isinstance(steps, yaml.SequenceNode) else []:

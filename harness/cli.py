@@ -459,7 +459,8 @@ def report(
                                           "hold: `harness list --json [--shards N]` of the "
                                           "same matrix (and shards). Every missing cell or "
                                           "shard, and every cell not expected, fails the "
-                                          "report, by name."),
+                                          "report, by name, with exit code 3 (incomplete) "
+                                          "over a failed cell's 1."),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
@@ -491,8 +492,11 @@ def report(
                       f"({expect}):", highlight=False)
         for line in missing.lines():
             console.print(f"  {line}", highlight=False, markup=False)
-        code = max(code, 1)
+        code = INCOMPLETE  # a run to refuse, not to file, whatever its cells said
     raise typer.Exit(code)
+
+
+INCOMPLETE = 3  # `harness report --expect`: cells or whole shards missing from the merge
 
 
 def parse_size(text: str) -> int:

@@ -1,4 +1,4 @@
-"""Mutation testing of the differential allow-lists (fixtures/differential/allow-*.yaml).
+"""Mutation testing of the differential allow-lists (harness/data/differential/allow-*.yaml).
 
 Every shipped entry is widened the standard ways -- its ``match`` with an anchor dropped (^,
 $), a character class widened to ``.``, a literal alternative group widened to a class

@@ -56,8 +56,31 @@ def test_a_bug_in_a_run_script_is_found_on_its_workflow_line(tmp_path):
 
 
 def test_the_shipped_workflows_run_clean_scripts():
-    done = _shellcheck(*sorted((ROOT / ".github" / "workflows").glob("*.yml")))
+    done = _shellcheck(*sorted((ROOT / ".github" / "workflows").glob("*.yml")),
+                       ROOT / "action.yml")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "the run: scripts of" in done.stdout
+
+
+ACTION = """name: planted
+runs:
+  using: composite
+  steps:
+    - shell: bash
+      run: |
+        echo "${{ inputs.dir }}"
+        dir=$(mktemp -d)
+        rm -rf $dir/cache
+"""
+
+
+def test_a_composite_actions_run_scripts_are_checked_too(tmp_path):
+    action = tmp_path / "action.yml"
+    action.write_text(ACTION)
+    done = _shellcheck(action)
+    assert done.returncode == 1 and f"{action}:9:" in done.stdout, done.stdout + done.stderr
+    action.write_text(ACTION.replace("rm -rf $dir/cache", 'rm -rf "$dir/cache"'))
+    assert _shellcheck(action).returncode == 0
 
 
 def test_make_lint_workflows_runs_both_linters(tmp_path):
@@ -90,6 +113,10 @@ def workflow_gaps(wf: dict) -> list[str]:
         gaps.append("the report job does not check the merged matrix.html")
     if not any("harness report all-cells --expect" in r for r in report):
         gaps.append("the report job does not hold the merge to its cell list")
+    site = [r for r in _runs(jobs.get("site", {})) if "harness history add all-cells" in r]
+    if site and not any("--expect expected-cells.json" in r and '"$rc" -ge 2' in r
+                        for r in site):
+        gaps.append("the site job files a merge it did not hold to its cell list")
     return gaps
 
 
@@ -102,3 +129,9 @@ def test_the_interop_workflow_lints_itself_and_checks_its_merged_report():
         {**s, "run": s["run"].replace(" --expect expected-cells.json", "")} if "run" in s else s
         for s in jobs["report"]["steps"] if ".ci/check_report.py" not in s.get("run", "")]}
     assert len(workflow_gaps({**wf, "jobs": jobs})) == 3
+    # planted: the site job filing whatever arrived, as it did
+    site = {**wf["jobs"]["site"], "steps": [
+        {**s, "run": s["run"].replace("--expect expected-cells.json", "")} if "run" in s else s
+        for s in wf["jobs"]["site"]["steps"]]}
+    assert workflow_gaps({**wf, "jobs": {**wf["jobs"], "site": site}}) == [
+        "the site job files a merge it did not hold to its cell list"]
