@@ -149,20 +149,21 @@ def test_small_hashes_do_not_load_numba():
 # ------------------------------------------------------------------------------ bench
 
 def test_figure_ratio_is_the_median_of_paired_rounds():
-    from harness.bench.figures import Figure
-    f = Figure("x", "x", "GiB/s", 2.0, 1.0, "a", ">= 1x anchor", None, paired=True,
+    from harness.bench.figures import BenchFigure
+    f = BenchFigure("x", "x", "GiB/s", 2.0, 1.0, "a", ">= 1x anchor", None, paired=True,
                values=[1.0, 2.0, 3.0], anchor_values=[1.0, 4.0, 1.0])
     assert f.ratio == 1.0  # ratios 1, 0.5, 3
-    unpaired = Figure("y", "y", "s", 10.0, 20.0, "a", "<= 180 s", True)
+    unpaired = BenchFigure("y", "y", "s", 10.0, 20.0, "a", "<= 180 s", True)
     assert unpaired.ratio == 0.5
-    assert Figure("z", "z", "s", None, 1.0, "a", "-", None).ratio is None
+    assert BenchFigure("z", "z", "s", None, 1.0, "a", "-", None).ratio is None
 
 
 def test_markdown_has_every_figure():
-    from harness.bench.figures import Figure
+    from harness.bench.figures import BenchFigure
     from harness.bench.render import markdown
-    figs = [Figure("a", "fig a", "GiB/s", 1.0, 2.0, "anchor a", ">= 1x anchor", False,
-                   notes="n"), Figure("b", "fig b", "s", None, None, "anchor b", "<= 1 s", None)]
+    figs = [BenchFigure("a", "fig a", "GiB/s", 1.0, 2.0, "anchor a", ">= 1x anchor", False,
+                        notes="n"),
+            BenchFigure("b", "fig b", "s", None, None, "anchor b", "<= 1 s", None)]
     m = {"cpu": "cpu", "cores": 2, "python": "3", "loadavg": [0.5, 0, 0]}
     doc = {"id": "t", "quick": True, "peer": "p7", "peer_proto": "7.0.0", "seconds": 1.0,
            "repeats": 3, "machine_start": m, "machine_end": m,

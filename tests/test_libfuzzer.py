@@ -249,7 +249,7 @@ def test_execution_profile_accounts_for_every_phase_of_every_run(tmp_path):
     """The target's phase clock: one set-up and one teardown per execution, one phase per
     request read, shares that add up; a GRAPH_COMPUTE input puts time under GRAPH_COMPUTE."""
     from harness.fuzz.libfuzzer.config import LibFuzzerConfig, sanitizer_env
-    from harness.fuzz.libfuzzer.profile import ProfileError, profile_corpus, render_markdown
+    from harness.fuzz.libfuzzer.phase_clock import PhaseClockError, profile_corpus, render_markdown
     build = _p7_target()
     cases = [c for c in valid_cases(60) if any(s.cmd == "GRAPH_COMPUTE" for s in c.steps)][:3]
     assert cases
@@ -269,7 +269,7 @@ def test_execution_profile_accounts_for_every_phase_of_every_run(tmp_path):
     assert "| GRAPH_COMPUTE |" in "\n".join(render_markdown(p, 1000.0))
     # Planted fault: a binary that writes no profile (a target built before the clock) is an
     # error, not an empty table.
-    with pytest.raises(ProfileError, match="without its profile"):
+    with pytest.raises(PhaseClockError, match="without its profile"):
         profile_corpus(Path("/bin/true"), [tmp_path / "in"], env, D)
 
 

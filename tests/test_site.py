@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from harness.bench.figures import FORMAT as BENCH_FORMAT, Figure
+from harness.bench.figures import FORMAT as BENCH_FORMAT, BenchFigure
 from harness.bench.measure import machine
 from harness.bench.render import write_bench
 from harness.bisect import report as bisect_report
@@ -74,8 +74,9 @@ def _matrix_run(tmp_path: Path, reports: Path, data: dict, n: int) -> Path:
 
 
 def _bench(folder: Path) -> Path:
-    fig = Figure(id="upload-64M", title="SET_TENSOR 64 MiB upload, reference vs real", unit="s",
-                 value=1.2, anchor=1.0, anchor_title="p7", target="<= 1.5x anchor", met=True)
+    fig = BenchFigure(id="upload-64M", title="SET_TENSOR 64 MiB upload, reference vs real",
+                      unit="s", value=1.2, anchor=1.0, anchor_title="p7",
+                      target="<= 1.5x anchor", met=True)
     doc = {"format": BENCH_FORMAT, "id": "t1", "quick": True, "peer": "p7",
            "peer_proto": "7.0.0", "started": time.time() - 5, "seconds": 5.0, "repeats": 1,
            "sizes": [64 << 20], "machine_start": machine(), "machine_end": machine(),

@@ -83,7 +83,8 @@ SETTLED = ("Site", "MutationSite", "Divergence", "WireDivergence", "Outcome", "O
            "server_argv", "image_server_argv", "U64", "U64_FIELD", "U64_MAX", "U32_MAX",
            "I32_MAX", "I32_MIN", "I64_MAX", "GRAPH_CACHE_MAX", "VERDICTS", "BehaviourView",
            "UploadTiming", "LoadprofRecord", "fingerprint", "request_header", "request_frame",
-           "FrameWalker", "REQUEST_HEAD", "REQUEST_HEADER_SIZE", "RESPONSE_HEADER_SIZE")
+           "FrameWalker", "REQUEST_HEAD", "REQUEST_HEADER_SIZE", "RESPONSE_HEADER_SIZE",
+           "run_profile", "run_phase_clock")
 
 
 def top_level_definitions(root: Path) -> dict[str, list[str]]:
@@ -111,6 +112,27 @@ def defined_more_than_once(root: Path, names) -> dict[str, list[str]]:
 
 def test_the_settled_names_are_defined_once():
     assert not defined_more_than_once(HARNESS, SETTLED)
+
+
+def public_classes(root: Path) -> list[str]:
+    return sorted({node.name for path in root.rglob("*.py")
+                   for node in ast.parse(path.read_text()).body
+                   if isinstance(node, ast.ClassDef) and not node.name.startswith("_")})
+
+
+def test_every_public_class_name_means_one_thing():
+    """A type is named once in the package: two `Design`s (a matrix design and a covering
+    array's), two `Figure`s, two `Violation`s were each a reader's guess. Functions may
+    repeat across modules (`main`, `render`), read with their module's name."""
+    assert not defined_more_than_once(HARNESS, public_classes(HARNESS))
+
+
+def test_a_second_class_of_one_name_is_found(tmp_path):
+    # planted: the covering array's Design beside the matrix's
+    (tmp_path / "model.py").write_text("class Design:\n    pass\n")
+    (tmp_path / "interactions.py").write_text("class Design:\n    rows = ()\n")
+    assert defined_more_than_once(tmp_path, public_classes(tmp_path)) == \
+        {"Design": ["interactions.py", "model.py"]}
 
 
 def test_a_second_definition_of_a_settled_name_is_found(tmp_path):

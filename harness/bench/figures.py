@@ -35,7 +35,7 @@ FORMAT = "ggml-rpc-bench/1"
 
 
 @dataclass
-class Figure:
+class BenchFigure:
     id: str
     title: str
     unit: str

@@ -25,7 +25,7 @@ from ..impls.registry import get_peer
 from ..impls.supervisor import ServerProcess, start_peer_server, start_reference_server
 from ..proto import NEWEST
 from .agent import BenchClientDriver, payload
-from .figures import FORMAT, GiB, MiB, Figure
+from .figures import FORMAT, GiB, MiB, BenchFigure
 from .loopback import RawSink, raw_request_rate
 from .render import write_bench
 
@@ -67,10 +67,10 @@ def _size_label(n: int) -> str:
 
 
 def _ratio_figure(fid, title, values, anchor_values, anchor_title, *, minimum: float,
-                  unit="GiB/s", notes="", extra=None) -> Figure:
-    f = Figure(fid, title, unit, _median(values), _median(anchor_values), anchor_title,
-               f">= {minimum:g}x anchor", None, paired=True, values=values,
-               anchor_values=anchor_values, notes=notes, extra=extra or {})
+                  unit="GiB/s", notes="", extra=None) -> BenchFigure:
+    f = BenchFigure(fid, title, unit, _median(values), _median(anchor_values), anchor_title,
+                    f">= {minimum:g}x anchor", None, paired=True, values=values,
+                    anchor_values=anchor_values, notes=notes, extra=extra or {})
     f.met = None if f.ratio is None else f.ratio >= minimum
     return f
 
@@ -108,7 +108,7 @@ def _fnv_hex(data) -> str:
     return f"{fnv1a64(data):016x}"
 
 
-def measure_transfers(cfg: BenchConfig, size: int, peer) -> list[Figure]:
+def measure_transfers(cfg: BenchConfig, size: int, peer) -> list[BenchFigure]:
     """One size: all pairs, upload and download, plus raw loopback, in the same rounds."""
     label = _size_label(size)
     servers: list[ServerProcess] = []
@@ -208,17 +208,17 @@ def measure_transfers(cfg: BenchConfig, size: int, peer) -> list[Figure]:
              notes="dialect 9.0.0 (zero-copy client); loopback: 2 processes",
              extra={**extra("up ref>ref", "loopback"),
                     "download_GiB_s": round(_median(times["down ref<ref"]), 3)}),
-        Figure(f"loopback-{label}", f"raw loopback {label}",
-               "GiB/s", _median(times["loopback"]), _median(times["up c>c"]), c_up, "-", None,
-               values=times["loopback"], anchor_values=times["up c>c"],
-               notes="sendall into recv_into, 2 processes: the physical limit; ratio = how many "
-                     "times the all-C pair"),
+        BenchFigure(f"loopback-{label}", f"raw loopback {label}",
+                    "GiB/s", _median(times["loopback"]), _median(times["up c>c"]), c_up, "-", None,
+                    values=times["loopback"], anchor_values=times["up c>c"],
+                    notes="sendall into recv_into, 2 processes: the physical limit; ratio = "
+                          "how many times the all-C pair"),
     ]
 
 
 # ------------------------------------------------------------------------------ memory
 
-def measure_rss(cfg: BenchConfig, size: int, peer) -> Figure:
+def measure_rss(cfg: BenchConfig, size: int, peer) -> BenchFigure:
     """Peak RSS of a fresh reference server while the real C client uploads ``size`` once."""
     label = _size_label(size)
     srv = start_reference_server(peer.proto)
@@ -251,11 +251,12 @@ def measure_rss(cfg: BenchConfig, size: int, peer) -> Figure:
             agent.close()
         srv.stop()
     v = peak[0] / MiB
-    return Figure("rss-ref-server", f"ref server peak RSS, {label} upload",
-                  "MiB", v, size / MiB, "tensor size", "<= tensor + 64 MiB",
-                  peak[0] <= size + RSS_HEADROOM, higher_is_better=False,
-                  extra={"idle_rss_MiB": round(idle / MiB, 1)},
-                  notes="sampled every 2 ms during a first (cold) upload from the real C client")
+    return BenchFigure("rss-ref-server", f"ref server peak RSS, {label} upload",
+                       "MiB", v, size / MiB, "tensor size", "<= tensor + 64 MiB",
+                       peak[0] <= size + RSS_HEADROOM, higher_is_better=False,
+                       extra={"idle_rss_MiB": round(idle / MiB, 1)},
+                       notes="sampled every 2 ms during a first (cold) upload from the real C "
+                             "client")
 
 
 # ------------------------------------------------------------------------------ hashing
@@ -299,7 +300,7 @@ def _rate(fn, data: np.ndarray) -> float:
     return data.nbytes / GiB / (time.perf_counter() - t0)
 
 
-def measure_fnv(cfg: BenchConfig, peer) -> Figure:
+def measure_fnv(cfg: BenchConfig, peer) -> BenchFigure:
     from ..proto.fnv import fnv1a64
     size = cfg.hash_size
     data = payload(size)  # what the agent hashes too, so both hashes can be compared
@@ -330,34 +331,35 @@ def measure_fnv(cfg: BenchConfig, peer) -> Figure:
         if agent is not None:
             agent.close()
         srv.stop()
-    f = Figure("fnv", "FNV-1a-64", "GiB/s", _median(ours), _median(anchor), "C client fnv_hash",
-               f">= {HASH_TARGET:g} GiB/s", None, paired=True, values=ours,
-               anchor_values=anchor,
-               extra={"gcc_O2_fnv_hash_GiB_s": _median(gcc) and round(_median(gcc), 3),
-                      "hashes_agree": all(same)},
-               notes=f"{_size_label(size)} in memory; anchor: libggml-rpc's own fnv_hash = the "
-                     "library's set_tensor on a weights tensor minus one round trip (the server "
-                     "claims a cache hit); gcc -O2 of the same 6 lines in extra")
+    f = BenchFigure("fnv", "FNV-1a-64", "GiB/s", _median(ours), _median(anchor),
+                    "C client fnv_hash",
+                    f">= {HASH_TARGET:g} GiB/s", None, paired=True, values=ours,
+                    anchor_values=anchor,
+                    extra={"gcc_O2_fnv_hash_GiB_s": _median(gcc) and round(_median(gcc), 3),
+                           "hashes_agree": all(same)},
+                    notes=f"{_size_label(size)} in memory; anchor: libggml-rpc's own fnv_hash = "
+                          "the library's set_tensor on a weights tensor minus one round trip (the "
+                          "server claims a cache hit); gcc -O2 of the same 6 lines in extra")
     f.met = f.value is not None and f.value >= HASH_TARGET
     return f
 
 
 # ------------------------------------------------------------------------------ fuzzing
 
-def _fuzz_figure(fid, title, v, raw, notes, values=(), *, targeted=True) -> Figure:
+def _fuzz_figure(fid, title, v, raw, notes, values=(), *, targeted=True) -> BenchFigure:
     # The bar (>= 2,000 msg/s on one connection) is the send path's. A campaign's rate also
     # counts target restarts and minimisation, which dominate its first minutes against a
     # server that crashes on most fuzzed input: reported, not held to the bar.
     target = f">= {FUZZ_TARGET:g} msg/s" if targeted else "-"
     met = None if v is None or not targeted else v >= FUZZ_TARGET
-    return Figure(fid, title, "msg/s", v, _median(raw), "raw request rate, 1 conn",
-                  target, met,
-                  values=list(values), anchor_values=raw,
-                  notes=notes + "; anchor: pipelined GET_ALIGNMENT on one connection, nothing "
-                  "generated (bench.loopback.raw_request_rate)")
+    return BenchFigure(fid, title, "msg/s", v, _median(raw), "raw request rate, 1 conn",
+                       target, met,
+                       values=list(values), anchor_values=raw,
+                       notes=notes + "; anchor: pipelined GET_ALIGNMENT on one connection, nothing "
+                       "generated (bench.loopback.raw_request_rate)")
 
 
-def measure_fuzz(cfg: BenchConfig, peer, out_dir: Path) -> list[Figure]:
+def measure_fuzz(cfg: BenchConfig, peer, out_dir: Path) -> list[BenchFigure]:
     """The fuzzer's send path on one connection, then whole campaigns (1 and N workers)."""
     srv = start_peer_server(peer)
     try:
@@ -389,7 +391,7 @@ CAMPAIGN_SWEEP_SHARE = 0.0
 
 
 def campaign_figure(cfg: BenchConfig, peer_name: str, name: str, workers: int, out_dir: Path,
-                    raw: list[float]) -> Figure:
+                    raw: list[float]) -> BenchFigure:
     """One whole campaign against ``peer_name``: its messages/s over its wall time."""
     rep_dir = out_dir / f"fuzz-{name}"
     title = (f"fuzz campaign, {workers} worker{'s' if workers > 1 else ''}, generated and "
@@ -423,13 +425,13 @@ def campaign_figure(cfg: BenchConfig, peer_name: str, name: str, workers: int, o
 
 # ------------------------------------------------------------------------------ matrix
 
-def measure_matrix(cfg: BenchConfig, out_dir: Path) -> Figure:
+def measure_matrix(cfg: BenchConfig, out_dir: Path) -> BenchFigure:
     target = f"<= {MATRIX_TARGET:g} s"
     title = "full matrix wall time"
     anchor_title = "cells run serially"
     if not cfg.matrix:
-        return Figure("matrix", title, "s", None, None, anchor_title, target, None,
-                      higher_is_better=False, notes="skipped (--quick)")
+        return BenchFigure("matrix", title, "s", None, None, anchor_title, target, None,
+                           higher_is_better=False, notes="skipped (--quick)")
     # The run's artefacts (pcaps, transcripts, cache files) are gigabytes: only its results
     # and summary are kept, in OUT/bench-<id>/matrix/.
     keep = out_dir / "matrix"
@@ -465,12 +467,12 @@ def measure_matrix(cfg: BenchConfig, out_dir: Path) -> Figure:
     ok = proc.returncode == 0 and bool(rows)
     failed = None if ok else (f"harness matrix exited {proc.returncode} with {len(rows)} "
                               "result rows (see matrix/matrix.log)")
-    return Figure("matrix", title, "s", wall if ok else None, serial if ok else None,
-                  anchor_title, target, (wall <= MATRIX_TARGET) if ok else None,
-                  higher_is_better=False, values=[wall],
-                  notes=f"harness matrix, prebuilt peers; exit {proc.returncode}; {len(rows)} "
-                  "cells; anchor: sum of the cells' durations; results in matrix/",
-                  failed=failed)
+    return BenchFigure("matrix", title, "s", wall if ok else None, serial if ok else None,
+                       anchor_title, target, (wall <= MATRIX_TARGET) if ok else None,
+                       higher_is_better=False, values=[wall],
+                       notes=f"harness matrix, prebuilt peers; exit {proc.returncode}; {len(rows)} "
+                       "cells; anchor: sum of the cells' durations; results in matrix/",
+                       failed=failed)
 
 # ------------------------------------------------------------------------------ the run
 
@@ -498,7 +500,7 @@ def _time_wait() -> int | None:
     return sum(1 for line in lines if line.split()[3:4] == ["06"])
 
 
-def run_bench(cfg: BenchConfig) -> tuple[Path, list[Figure]]:
+def run_bench(cfg: BenchConfig) -> tuple[Path, list[BenchFigure]]:
     peer = get_peer(cfg.peer)
     if not peer.available:
         raise RuntimeError(f"peer {peer.name} is unavailable: {peer.reason} "
@@ -508,7 +510,7 @@ def run_bench(cfg: BenchConfig) -> tuple[Path, list[Figure]]:
     out_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
     info = {"machine_start": machine()}
-    figures: list[Figure] = []
+    figures: list[BenchFigure] = []
     for size in cfg.sizes:
         cfg.log(f"transfers, {_size_label(size)} x {cfg.repeats} (+1 warm-up)")
         figures += measure_transfers(cfg, size, peer)

@@ -103,7 +103,7 @@ def message_fields(msg: Message) -> dict:
 # ---------------------------------------------------------------- records
 
 @dataclass
-class Record:
+class ListingLine:
     """One line of a listing."""
 
     kind: str  # "request" | "response" | "error" | "close"
@@ -161,7 +161,7 @@ class Record:
         return out
 
 
-def session_records(tr: Transcript, session: Session) -> list[Record]:
+def session_records(tr: Transcript, session: Session) -> list[ListingLine]:
     """All records of one connection, in wire order."""
     views = {C2S: StreamView(list(tr.stream(C2S))), S2C: StreamView(list(tr.stream(S2C)))}
     position = {id(c): i for i, c in enumerate(tr.chunks)}
@@ -178,42 +178,42 @@ def session_records(tr: Transcript, session: Session) -> list[Record]:
         c = view.chunk_at(offset)
         return c.t - t0, (position[id(c)], 0, offset)
 
-    recs: list[Record] = []
+    recs: list[ListingLine] = []
     for ex, span in zip(session.exchanges, frame_spans(session, views[C2S], views[S2C])):
         if ex.request is not None:
             t, order = where(C2S, span.req_offset)
-            recs.append(Record("request", C2S, t, order, ex.index, ex.request.cmd.value,
-                               ex.request, ex, span.req_size,
-                               views[C2S].captured(span.req_offset, span.req_size)))
+            recs.append(ListingLine("request", C2S, t, order, ex.index, ex.request.cmd.value,
+                                   ex.request, ex, span.req_size,
+                                   views[C2S].captured(span.req_offset, span.req_size)))
         if ex.response is not None and span.rsp_offset is not None:
             t, order = where(S2C, span.rsp_offset)
-            recs.append(Record("response", S2C, t, order, ex.index, ex.request.cmd.value,
-                               ex.response, ex, span.rsp_size,
-                               views[S2C].captured(span.rsp_offset, span.rsp_size)))
+            recs.append(ListingLine("response", S2C, t, order, ex.index, ex.request.cmd.value,
+                                   ex.response, ex, span.rsp_size,
+                                   views[S2C].captured(span.rsp_offset, span.rsp_size)))
     for direction, err, off in ((C2S, session.c2s_error, session.c2s_error_offset),
                                 (S2C, session.s2c_error, session.s2c_error_offset)):
         if err is not None:
             t, order = where(direction, off or 0)
-            recs.append(Record("error", direction, t, order[:1] + (1,) + order[2:],
-                               text=f"decode error at byte {off}: {err}"))
+            recs.append(ListingLine("error", direction, t, order[:1] + (1,) + order[2:],
+                                   text=f"decode error at byte {off}: {err}"))
     for direction, (t_close, how) in tr.closed.items():
         size = views[direction].size
-        recs.append(Record("close", direction, t_close - t0, (len(tr.chunks), 2, t_close),
-                           text=f"{how.upper()} after {size} bytes"))
+        recs.append(ListingLine("close", direction, t_close - t0, (len(tr.chunks), 2, t_close),
+                               text=f"{how.upper()} after {size} bytes"))
     recs.sort(key=lambda r: (r.order, r.kind == "response"))
     return recs
 
 
 # ---------------------------------------------------------------- formatting
 
-def format_record(rec: Record) -> str:
+def format_record(rec: ListingLine) -> str:
     idx = f"{rec.index:>4}" if rec.index is not None else "   -"
     t = f"+{rec.t:.6f}" if rec.t is not None else "         ?"
     what = rec.cmd if rec.cmd is not None else rec.kind.upper()
     return f"{idx} {t:>12} {ARROWS[rec.direction]} {what:<22} {rec.summary()}".rstrip()
 
 
-def format_fields(rec: Record, indent: str = "        ") -> list[str]:
+def format_fields(rec: ListingLine, indent: str = "        ") -> list[str]:
     """Every field of the message, rpc_tensor fields included, one per line."""
     if rec.message is None:
         return []

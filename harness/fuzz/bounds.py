@@ -63,7 +63,7 @@ class Access:
 
 
 @dataclass(frozen=True)
-class Violation:
+class BoundsViolation:
     step: int
     cmd: str
     access: Access
@@ -283,10 +283,10 @@ def _walk(case: Case, out, upto: int):
             yield i, msg, model
 
 
-def judge(case: Case, out) -> list[Violation]:
+def judge(case: Case, out) -> list[BoundsViolation]:
     """Every range a processed request of ``case`` named outside the live buffer it names
     (a close may be a refusal: only steps before ``out.proven`` were processed for sure)."""
-    found: list[Violation] = []
+    found: list[BoundsViolation] = []
     for i, msg, model in _walk(case, out, out.proven):
         ranges = accesses(model.d, msg, out.answers.get(i), model.graphs, model.buffers.live)
         if msg.cmd is Cmd.GRAPH_COMPUTE and ranges is not None:
@@ -297,11 +297,11 @@ def judge(case: Case, out) -> list[Violation]:
                 continue  # a base never learned: the range cannot be placed
             verdict = model.buffers.judge(a)
             if verdict is not None:
-                found.append(Violation(i, msg.cmd.value, a, verdict[0], verdict[1]))
+                found.append(BoundsViolation(i, msg.cmd.value, a, verdict[0], verdict[1]))
     return found
 
 
-def worst(violations: list[Violation]) -> Violation | None:
+def worst(violations: list[BoundsViolation]) -> BoundsViolation | None:
     """The one a finding is named after: the first write, else the first read."""
     writes = [v for v in violations if v.access.kind == "write"]
     return (writes or violations or [None])[0]

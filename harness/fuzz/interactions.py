@@ -196,7 +196,7 @@ def _scalar_factors(d: Dialect, cmd: Cmd, msg) -> list[Factor]:
 # ---------------------------------------------------------------- designs
 
 @dataclass(frozen=True)
-class Design:
+class CoveringDesign:
     """A command's factors, the tuples its array must cover, and the array's rows (each row:
     one value index per factor), in blocks: "pairs" (t = 2 over everything), then the pure
     t = 3 blocks."""
@@ -280,7 +280,7 @@ class _CountsFit:
         return True
 
 
-def design(d: Dialect, cmd: Cmd, msg, roles: dict[str, tuple[str, int]]) -> Design:
+def design(d: Dialect, cmd: Cmd, msg, roles: dict[str, tuple[str, int]]) -> CoveringDesign:
     live = cmd in _LIVE_BUFFER or (cmd is Cmd.SET_TENSOR_HASH
                                    and d.peer.server_hash_checks_tensor)
     factors = [f for role in roles for f in _tensor_factors(role, live)]
@@ -304,7 +304,7 @@ def design(d: Dialect, cmd: Cmd, msg, roles: dict[str, tuple[str, int]]) -> Desi
         block[:, cols] = sub
         blocks.append((" + ".join(dict.fromkeys(r for r, _ in group)), block))
         triples += [tuple(cols[i] for i in t) for t in local]
-    return Design(cmd, tuple(factors), tuple(pairs), tuple(triples), tuple(blocks))
+    return CoveringDesign(cmd, tuple(factors), tuple(pairs), tuple(triples), tuple(blocks))
 
 
 _ARRAYS: dict[tuple, np.ndarray] = {}
@@ -415,7 +415,7 @@ def _with_scalars(cmd: Cmd, msg, choice: dict[str, str], buffer_size: int):
 
 
 @dataclass(frozen=True)
-class Row:
+class DesignRow:
     """One row of a design, made into a request."""
 
     cmd: Cmd
@@ -427,8 +427,8 @@ class Row:
 
 
 def rows_of(d: Dialect, regions: tuple[BufferRegion, ...], cmd: Cmd, msg,
-            roles: dict[str, tuple[str, int]], dsg: Design):
-    """Every row of ``dsg`` as a :class:`Row`."""
+            roles: dict[str, tuple[str, int]], dsg: CoveringDesign):
+    """Every row of ``dsg`` as a :class:`DesignRow`."""
     index = 0
     own_of = {role: _region_index(regions, _get_tensor(msg, slot, i))
               for role, (slot, i) in roles.items()}
@@ -443,7 +443,7 @@ def _region_index(regions, t: RpcTensor) -> int:
     return next((i for i, r in enumerate(regions) if r.base <= t.data < r.end), 0)
 
 
-def _row(d, regions, cmd, msg, roles, dsg, row, block, index, own_of, ids) -> Row:
+def _row(d, regions, cmd, msg, roles, dsg, row, block, index, own_of, ids) -> DesignRow:
     chosen: dict[str | None, dict[str, str]] = {}
     parts = []
     for f, v in zip(dsg.factors, row):
@@ -465,20 +465,20 @@ def _row(d, regions, cmd, msg, roles, dsg, row, block, index, own_of, ids) -> Ro
     own_size = regions[own_of[next(iter(roles))]].size if roles else 0
     out = _with_scalars(cmd, out, chosen.get(None, {}), own_size)
     first = parts[0].split("=", 1)[0] if parts else "baseline"
-    return Row(cmd, block, index, " ".join(parts) or "baseline", first, out)
+    return DesignRow(cmd, block, index, " ".join(parts) or "baseline", first, out)
 
 
 # ---------------------------------------------------------------- coverage
 
 def command_designs(dialect: str, regions, baselines
-                    ) -> dict[Cmd, tuple[Design, object, dict]]:
+                    ) -> dict[Cmd, tuple[CoveringDesign, object, dict]]:
     """Per tensor command of ``dialect``: (design, baseline request, roles)."""
     d = get_dialect(dialect)
     return {cmd: (design(d, cmd, msg, roles), msg, roles)
             for cmd, (msg, roles) in baselines.items()}
 
 
-def coverage(dsg: Design, sent_rows) -> dict:
+def coverage(dsg: CoveringDesign, sent_rows) -> dict:
     """Pairs and triples of ``dsg`` covered by the rows ``sent_rows`` (indices over all
     blocks): the interaction coverage a campaign reached."""
     whole = np.concatenate([r for _, r in dsg.blocks]) if dsg.blocks else np.zeros((0, 0))

@@ -65,15 +65,15 @@ class _Session:
         return step(_frame(self.d, msg), msg.cmd.value, learn=learn)
 
 
-Build = Callable[[_Session, int], list]
+StepsFor = Callable[[_Session, int], list]
 
 
 @dataclass(frozen=True)
-class Request:
+class Action:
     """A changer or a use: the steps it sends against buffer ``i`` (and its tensor)."""
 
     name: str
-    build: Build
+    build: StepsFor
     needs: Cmd
 
 
@@ -85,67 +85,67 @@ def _hash(s: _Session, i: int) -> list:
     return [s.frame(m.SetTensorHashRequest(s.tensor(i), 0, fnv1a64(PATTERN)))]
 
 
-CHANGERS: tuple[Request, ...] = (
-    Request("ALLOC_BUFFER", _alloc, Cmd.ALLOC_BUFFER),
-    Request("FREE_BUFFER", lambda s, i: [s.frame(m.FreeBufferRequest(s.region(i).handle))],
-            Cmd.FREE_BUFFER),
-    Request("BUFFER_CLEAR", lambda s, i: [s.frame(m.BufferClearRequest(s.region(i).handle,
-                                                                        0x5A))],
-            Cmd.BUFFER_CLEAR),
-    Request("SET_TENSOR", lambda s, i: [s.frame(m.SetTensorRequest(s.tensor(i), 0, 0,
-                                                                    PATTERN))],
-            Cmd.SET_TENSOR),
-    Request("SET_TENSOR_HASH", _hash, Cmd.SET_TENSOR_HASH),
-    Request("SET_TENSOR_2D", lambda s, i: [s.frame(m.SetTensor2DRequest(
+CHANGERS: tuple[Action, ...] = (
+    Action("ALLOC_BUFFER", _alloc, Cmd.ALLOC_BUFFER),
+    Action("FREE_BUFFER", lambda s, i: [s.frame(m.FreeBufferRequest(s.region(i).handle))],
+           Cmd.FREE_BUFFER),
+    Action("BUFFER_CLEAR", lambda s, i: [s.frame(m.BufferClearRequest(s.region(i).handle,
+                                                                       0x5A))],
+           Cmd.BUFFER_CLEAR),
+    Action("SET_TENSOR", lambda s, i: [s.frame(m.SetTensorRequest(s.tensor(i), 0, 0,
+                                                                   PATTERN))],
+           Cmd.SET_TENSOR),
+    Action("SET_TENSOR_HASH", _hash, Cmd.SET_TENSOR_HASH),
+    Action("SET_TENSOR_2D", lambda s, i: [s.frame(m.SetTensor2DRequest(
         s.tensor(i), 0, 64, 4, 64, PATTERN))], Cmd.SET_TENSOR_2D),
-    Request("MEMSET_TENSOR", lambda s, i: [s.frame(m.MemsetTensorRequest(s.tensor(i), 0,
-                                                                          4 * N, 7))],
-            Cmd.MEMSET_TENSOR),
-    Request("COPY_TENSOR", lambda s, i: [s.frame(m.CopyTensorRequest(s.tensor(1 - i),
-                                                                      s.tensor(i)))],
-            Cmd.COPY_TENSOR),
-    Request("GRAPH_COMPUTE", lambda s, i: [s.frame(s.graph(i))], Cmd.GRAPH_COMPUTE),
-    Request("GRAPH_RECOMPUTE", lambda s, i: [s.frame(m.GraphRecomputeRequest(
+    Action("MEMSET_TENSOR", lambda s, i: [s.frame(m.MemsetTensorRequest(s.tensor(i), 0,
+                                                                         4 * N, 7))],
+           Cmd.MEMSET_TENSOR),
+    Action("COPY_TENSOR", lambda s, i: [s.frame(m.CopyTensorRequest(s.tensor(1 - i),
+                                                                     s.tensor(i)))],
+           Cmd.COPY_TENSOR),
+    Action("GRAPH_COMPUTE", lambda s, i: [s.frame(s.graph(i))], Cmd.GRAPH_COMPUTE),
+    Action("GRAPH_RECOMPUTE", lambda s, i: [s.frame(m.GraphRecomputeRequest(
         0, s.uid if s.d.graph_uid else 0))], Cmd.GRAPH_RECOMPUTE),
-    Request("INIT_TENSOR", lambda s, i: [s.frame(m.InitTensorRequest(s.tensor(i)))],
-            Cmd.INIT_TENSOR),
-    Request("COMM_FREE", lambda s, i: [s.frame(m.CommFreeRequest(0))], Cmd.COMM_FREE),
+    Action("INIT_TENSOR", lambda s, i: [s.frame(m.InitTensorRequest(s.tensor(i)))],
+           Cmd.INIT_TENSOR),
+    Action("COMM_FREE", lambda s, i: [s.frame(m.CommFreeRequest(0))], Cmd.COMM_FREE),
 )
 
-USES: tuple[Request, ...] = (
-    Request("GET_TENSOR", lambda s, i: [s.frame(m.GetTensorRequest(s.tensor(i), 0, 4 * N))],
-            Cmd.GET_TENSOR),
-    Request("GET_TENSOR past end", lambda s, i: [s.frame(m.GetTensorRequest(s.past_end(i), 0,
-                                                                            4 * N))],
-            Cmd.GET_TENSOR),
-    Request("SET_TENSOR", lambda s, i: [s.frame(m.SetTensorRequest(s.tensor(i), 0, 0,
-                                                                    PATTERN))],
-            Cmd.SET_TENSOR),
-    Request("SET_TENSOR past end", lambda s, i: [s.frame(m.SetTensorRequest(
+USES: tuple[Action, ...] = (
+    Action("GET_TENSOR", lambda s, i: [s.frame(m.GetTensorRequest(s.tensor(i), 0, 4 * N))],
+           Cmd.GET_TENSOR),
+    Action("GET_TENSOR past end", lambda s, i: [s.frame(m.GetTensorRequest(s.past_end(i), 0,
+                                                                           4 * N))],
+           Cmd.GET_TENSOR),
+    Action("SET_TENSOR", lambda s, i: [s.frame(m.SetTensorRequest(s.tensor(i), 0, 0,
+                                                                   PATTERN))],
+           Cmd.SET_TENSOR),
+    Action("SET_TENSOR past end", lambda s, i: [s.frame(m.SetTensorRequest(
         s.past_end(i), 0, 0, PATTERN))], Cmd.SET_TENSOR),
-    Request("COPY_TENSOR", lambda s, i: [s.frame(m.CopyTensorRequest(s.tensor(i),
-                                                                      s.tensor(1 - i)))],
-            Cmd.COPY_TENSOR),
-    Request("GRAPH_COMPUTE", lambda s, i: [s.frame(s.graph(i))], Cmd.GRAPH_COMPUTE),
-    Request("GRAPH_RECOMPUTE", lambda s, i: [s.frame(m.GraphRecomputeRequest(
+    Action("COPY_TENSOR", lambda s, i: [s.frame(m.CopyTensorRequest(s.tensor(i),
+                                                                     s.tensor(1 - i)))],
+           Cmd.COPY_TENSOR),
+    Action("GRAPH_COMPUTE", lambda s, i: [s.frame(s.graph(i))], Cmd.GRAPH_COMPUTE),
+    Action("GRAPH_RECOMPUTE", lambda s, i: [s.frame(m.GraphRecomputeRequest(
         0, s.uid if s.d.graph_uid else 0))], Cmd.GRAPH_RECOMPUTE),
-    Request("BUFFER_GET_BASE", lambda s, i: [s.frame(m.BufferGetBaseRequest(
+    Action("BUFFER_GET_BASE", lambda s, i: [s.frame(m.BufferGetBaseRequest(
         s.region(i).handle))], Cmd.BUFFER_GET_BASE),
-    Request("FREE_BUFFER", lambda s, i: [s.frame(m.FreeBufferRequest(s.region(i).handle))],
-            Cmd.FREE_BUFFER),
-    Request("SET_TENSOR_HASH", _hash, Cmd.SET_TENSOR_HASH),
+    Action("FREE_BUFFER", lambda s, i: [s.frame(m.FreeBufferRequest(s.region(i).handle))],
+           Cmd.FREE_BUFFER),
+    Action("SET_TENSOR_HASH", _hash, Cmd.SET_TENSOR_HASH),
 )
 
 
-def changers(d: Dialect) -> list[Request]:
+def changers(d: Dialect) -> list[Action]:
     return [r for r in CHANGERS if d.has(r.needs)]
 
 
-def uses(d: Dialect) -> list[Request]:
+def uses(d: Dialect) -> list[Action]:
     return [r for r in USES if d.has(r.needs)]
 
 
-def pair_label(a: Request, b: Request, target: str) -> str:
+def pair_label(a: Action, b: Action, target: str) -> str:
     return f"{a.name} -> {b.name} on {target}"
 
 

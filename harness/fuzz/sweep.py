@@ -368,7 +368,7 @@ class Combinatorial:
     """The combinatorial part of a dialect: its cases and each command's design."""
 
     cases: list[SweepCase]
-    designs: dict[str, "interactions.Design"]
+    designs: dict[str, "interactions.CoveringDesign"]
 
 
 def _build_combinatorial(dialect: str) -> Combinatorial:
@@ -448,7 +448,7 @@ def _prepare(dialect: str, draws: int, local_only: bool, cache: str) -> Prepared
 
 
 @lru_cache(maxsize=16)
-def designs(dialect: str) -> dict[Cmd, tuple["interactions.Design", object, dict]]:
+def designs(dialect: str) -> dict[Cmd, tuple["interactions.CoveringDesign", object, dict]]:
     """Per tensor command: (its covering-array design, baseline request, tensor roles), the
     designs from the prepared (cached) combinatorial part."""
     d = get_dialect(dialect)

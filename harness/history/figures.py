@@ -58,7 +58,7 @@ RENDERERS: dict[str, Callable] = {"run": _run, "campaign": _campaign}
 
 
 @dataclass(frozen=True)
-class Figure:
+class QuotedFigure:
     kind: str
     record_id: str
     said: str  # the document's text, whitespace folded
@@ -77,14 +77,14 @@ def _records(store: Iterable[_Record]) -> dict[tuple[str, str], _Record]:
     return {(r.kind, r.run_id): r for r in store if r.kind in RENDERERS}
 
 
-def figures(text: str, store: Iterable[_Record]) -> list[Figure]:
+def figures(text: str, store: Iterable[_Record]) -> list[QuotedFigure]:
     """Every marked figure of ``text``, with what its record says."""
     held = _records(store)
     out = []
     for m in BLOCK.finditer(text):
         record = held.get((m["kind"], m["id"]))
-        out.append(Figure(m["kind"], m["id"], _fold(m["text"]),
-                          RENDERERS[m["kind"]](record) if record is not None else None))
+        out.append(QuotedFigure(m["kind"], m["id"], _fold(m["text"]),
+                                RENDERERS[m["kind"]](record) if record is not None else None))
     return out
 
 

@@ -41,7 +41,7 @@ class DevToolsError(HarnessError):
 
 
 @dataclass(frozen=True)
-class Violation:
+class A11yViolation:
     rule: str
     impact: str
     help: str
@@ -211,7 +211,7 @@ class DevTools:
 
 
 def audit(pages: list[Path], *, screenshots: Path | None = None,
-          viewport: tuple[int, int] = VIEWPORT) -> dict[Path, list[Violation]]:
+          viewport: tuple[int, int] = VIEWPORT) -> dict[Path, list[A11yViolation]]:
     """axe-core's WCAG 2.x A/AA violations of each page (empty list: none); with
     ``screenshots``, the first screen of each page is saved there as <page name>.png."""
     axe = ensure_axe().read_text()
@@ -219,12 +219,12 @@ def audit(pages: list[Path], *, screenshots: Path | None = None,
            ".then(r => r.violations.map(v => ({id: v.id, impact: v.impact || '', help: v.help,"
            " nodes: v.nodes.length, first: (v.nodes[0] && v.nodes[0].target.join(' ')) || ''})))"
            % json.dumps(list(RULE_TAGS)))
-    found: dict[Path, list[Violation]] = {}
+    found: dict[Path, list[A11yViolation]] = {}
     with DevTools() as dt:
         for page in pages:
             session = dt.open(Path(page).resolve().as_uri(), viewport)
             dt.evaluate(session, axe)
-            found[page] = [Violation(v["id"], v["impact"], v["help"], v["nodes"], v["first"])
+            found[page] = [A11yViolation(v["id"], v["impact"], v["help"], v["nodes"], v["first"])
                            for v in dt.evaluate(session, run)]
             if screenshots is not None:
                 screenshots.mkdir(parents=True, exist_ok=True)

@@ -45,7 +45,7 @@ from ..target_spec import TargetSpec
 from ..errors import TargetError
 from . import corpus as lfc
 from .build import TARGET_NAME, BuildError, build_target
-from .profile import ProfileError, profile_corpus, render_markdown as render_profile_markdown
+from .phase_clock import PhaseClockError, profile_corpus, render_markdown as render_profile_markdown
 from .config import (ENGINE, FINALISE_GRACE, MAX_RERUNS, SANITIZE, LibFuzzerConfig,
                      libfuzzer_args, rss_baseline_mb, sanitizer_env)
 from .running import Timeline, _children_cpu, _run_fuzzer
@@ -136,7 +136,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
         execution_profile = profile_corpus(build.binary, [dirs["inputs"]],
                                            sanitizer_env(cfg, None, baseline, fuzzing=True),
                                            dialect)
-    except ProfileError as e:
+    except PhaseClockError as e:
         execution_profile = {"error": str(e)}
     last = timeline.last
     progress.workers[0] = {"stats": {"cases": last["execs"], "frames": 0, "restarts": 0,

@@ -49,7 +49,7 @@ constexpr size_t kAnswerKept = 16;  // the largest answer payload it learns from
 static bool g_trace = false;
 
 // HARNESS_FUZZ_PROFILE=path: where an execution's time goes, written to path at exit as one
-// JSON object (harness/fuzz/libfuzzer/profile.py reads it). A phase runs from one mark to the
+// JSON object (harness/fuzz/libfuzzer/phase_clock.py reads it). A phase runs from one mark to the
 // next: set-up (the input copied, the connection accepted, up to the first command byte), each
 // request (its command byte read .. the next one: payload read, the server's work, its answer)
 // and teardown (the input's end .. rpc_serve_client returned: the server's buffers freed).

@@ -12,7 +12,7 @@ corpus's mutants, not the corpus (a mutant that allocates hundreds of MiB costs 
 corpus executions under ASan; docs/libfuzzer.md, "Rate"). The profile runs under the
 campaign's allocation cap, as the campaign did.
 
-``python -m harness.fuzz.libfuzzer.profile PIN DIR...`` prints it for a corpus; the campaign's
+``python -m harness.fuzz.libfuzzer.phase_clock PIN DIR...`` prints it for a corpus; the campaign's
 report has it for the campaign's own corpus.
 """
 
@@ -34,7 +34,7 @@ MAX_INPUTS = 2000  # a corpus beyond this is sampled by name order: the figure i
 RUNS_EACH = 3
 
 
-class ProfileError(FuzzError, RuntimeError):
+class PhaseClockError(FuzzError, RuntimeError):
     """The profiling run did not produce the target's profile."""
 
 
@@ -61,20 +61,20 @@ def _run_once(binary: Path, inputs: Sequence[Path], env: dict[str, str], runs_ea
                                 *map(str, inputs)], env=env, capture_output=True, text=True,
                                errors="replace", timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise ProfileError(f"profiling {len(inputs)} inputs took over {timeout:.0f} s") \
+            raise PhaseClockError(f"profiling {len(inputs)} inputs took over {timeout:.0f} s") \
                 from None
         wall = time.monotonic() - started
         if r.returncode == 0 and out.is_file():
             raw = json.loads(out.read_text())
             if raw.get("format") != FORMAT:
-                raise ProfileError(f"unknown profile format {raw.get('format')!r}")
+                raise PhaseClockError(f"unknown profile format {raw.get('format')!r}")
             return raw, None, wall
         running = [line[len("Running: "):].strip() for line in r.stderr.splitlines()
                    if line.startswith("Running: ")]
         names = [str(p) for p in inputs]
         if not running or running[-1] not in names:
             tail = "\n".join(r.stderr.splitlines()[-5:])
-            raise ProfileError(f"the target exited {r.returncode} without its profile: {tail}")
+            raise PhaseClockError(f"the target exited {r.returncode} without its profile: {tail}")
         return None, names.index(running[-1]), wall
 
 
@@ -90,13 +90,13 @@ def _merge(total: dict | None, raw: dict) -> dict:
     return total
 
 
-def run_profile(binary: Path, inputs: Sequence[Path], env: dict[str, str], *,
+def run_phase_clock(binary: Path, inputs: Sequence[Path], env: dict[str, str], *,
                 runs_each: int = RUNS_EACH, timeout: float = 300.0) -> dict:
     """The target's profile of ``inputs`` (each run ``runs_each`` times, aborts unwinding as
     in a campaign), its wall seconds and the inputs left out because they end the process
     (a sanitizer report: its clock dies with it; the inputs before it are run again)."""
     if not inputs:
-        raise ProfileError("no inputs to profile")
+        raise PhaseClockError("no inputs to profile")
     total, wall, killers = None, 0.0, []
     remaining = list(inputs)
     while remaining:
@@ -107,17 +107,17 @@ def run_profile(binary: Path, inputs: Sequence[Path], env: dict[str, str], *,
             break
         killers.append(remaining[killer].name)
         if len(killers) > MAX_KILLERS:
-            raise ProfileError(f"{len(killers)} of the inputs end the process: no profile")
+            raise PhaseClockError(f"{len(killers)} of the inputs end the process: no profile")
         if killer:
             raw, again, seconds = _run_once(binary, remaining[:killer], env, runs_each, timeout)
             wall += seconds
             if again is not None:
-                raise ProfileError(f"{remaining[again].name} ended the process on a second "
+                raise PhaseClockError(f"{remaining[again].name} ended the process on a second "
                                    "run only: the target is not deterministic")
             total = _merge(total, raw)
         remaining = remaining[killer + 1:]
     if total is None:
-        raise ProfileError("every input ends the process: no profile")
+        raise PhaseClockError("every input ends the process: no profile")
     total["wall_seconds"] = wall
     total["left_out"] = killers
     return total
@@ -150,7 +150,7 @@ def summarise(raw: dict, dialect: str, *, inputs: int, runs_each: int) -> dict:
 def profile_corpus(binary: Path, dirs: Sequence[Path], env: dict[str, str], dialect: str, *,
                    runs_each: int = RUNS_EACH) -> dict:
     inputs = _inputs(dirs)
-    raw = run_profile(binary, inputs, env, runs_each=runs_each)
+    raw = run_phase_clock(binary, inputs, env, runs_each=runs_each)
     return summarise(raw, dialect, inputs=len(inputs) - len(raw["left_out"]),
                      runs_each=runs_each)
 
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if len(args) < 2:
-        print("usage: python -m harness.fuzz.libfuzzer.profile PIN DIR...", file=sys.stderr)
+        print("usage: python -m harness.fuzz.libfuzzer.phase_clock PIN DIR...", file=sys.stderr)
         return 2
     spec = TargetSpec.parse(args[0])
     if spec.kind != "peer" or spec.dialect is None:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         p = profile_corpus(build.binary, [Path(a) for a in args[1:]],
                            sanitizer_env(LibFuzzerConfig(target=args[0]), None), spec.dialect)
-    except ProfileError as e:
+    except PhaseClockError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     print("\n".join(render_markdown(p)))
