@@ -30,9 +30,9 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, pack_request
 from harness.proto import messages as m
+from harness.proto.wire import U64
 
 D7 = get_dialect("7.0.0")
-U64 = struct.Struct("<Q")
 
 
 def frame(msg) -> bytes:

@@ -38,7 +38,7 @@ from ..proto import Cmd, get_dialect, ggml
 from ..proto.codec import REQUEST_HEADER_SIZE, unpack_request_payload
 from ..proto.dialects import Dialect
 from ..proto.tensor import RpcTensor, element_extent
-from ..proto.wire import U64, U64_MAX
+from ..proto.wire import U64_MAX, announced_length
 from .case import BASE, HANDLE, SIZE, Case, relocate
 from .signature import Signature
 
@@ -243,7 +243,7 @@ def requests(case: Case, out) -> list[tuple[int, object]]:
         frame = relocate(s.frame, s.relocs, live) if s.relocs else s.frame
         if len(frame) < REQUEST_HEADER_SIZE:
             break
-        (size,) = U64.unpack_from(frame, 1)
+        size = announced_length(frame)
         cmd = d.ids.get(frame[0])
         if cmd is None or size != len(frame) - REQUEST_HEADER_SIZE:
             break

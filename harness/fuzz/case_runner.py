@@ -24,7 +24,7 @@ from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
 from .target import Target
 from .signature import Signature, normalise
 from ..proto.codec import REQUEST_HEADER_SIZE
-from ..proto.wire import U64
+from ..proto.wire import announced_length
 
 _NUMBER = re.compile(r"\b\d+\b")
 LATE_SLACK = 0.5  # a first-probe answer a little past the deadline (connect time) is not late
@@ -369,7 +369,7 @@ def late_signature(case: Case, command: str) -> Signature:
     line names the likely cause when the case has it: a frame whose length prefix announced
     over HUGE_PREFIX bytes (the real servers allocate and zero what a prefix announces
     before reading the payload, and free it when the client hangs up)."""
-    announced = max((U64.unpack_from(s.frame, 1)[0] for s in case.steps
+    announced = max((announced_length(s.frame) for s in case.steps
                      if len(s.frame) >= REQUEST_HEADER_SIZE), default=0)
     cause = f" after a length prefix over {HUGE_PREFIX >> 30} GiB" \
         if announced > HUGE_PREFIX else ""

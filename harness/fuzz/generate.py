@@ -31,6 +31,7 @@ from .errors import FuzzError
 from ..proto import Cmd, RpcTensor, get_dialect, ggml, nbytes, pack_request
 from ..proto import messages as m
 from ..proto.dialects import DEFAULT, Dialect
+from ..proto.wire import U64_MAX
 from .. import strategies as rst
 from .case import BASE, HANDLE, Case, annotate, sentinel, step
 
@@ -112,7 +113,7 @@ class _Choices:
         return (seed * (n // len(seed) + 1))[:n]
 
 
-_CHOICES = st.integers(0, (1 << 64) - 1)
+_CHOICES = st.integers(0, U64_MAX)
 
 
 # ---------------------------------------------------------------- tensors

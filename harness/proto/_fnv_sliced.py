@@ -27,8 +27,10 @@ from numba import njit, types
 from numba.core import cgutils, config
 from numba.extending import intrinsic
 
+from .wire import U64_MAX
+
 FNV_PRIME = 0x100000001B3
-_M64 = (1 << 64) - 1
+_M64 = U64_MAX
 BLOCK = 64
 
 # Q[j] = P^(64 - j): the weight of byte j's difference at the end of its block.

@@ -14,11 +14,12 @@ import threading
 import numpy as np
 
 from .constants import FNV_OFFSET_BASIS, FNV_PRIME
+from .wire import U64_MAX
 
 _SMALL = 256  # below this a Python loop is cheaper than the call overhead
 _LOAD_AT = 1 << 16  # a hash this big loads the kernel (the Python loop would take ~6 ms)...
 _PY_BUDGET = 1 << 20  # ...as does the Python loop's running total passing this
-_M64 = 0xFFFFFFFFFFFFFFFF
+_M64 = U64_MAX  # products wrap as the C client's uint64_t
 
 
 def _fnv_py(data, h: int) -> int:

@@ -14,6 +14,7 @@ from typing import Callable, ClassVar, NamedTuple
 from .constants import CONN_CAPS_SIZE, Cmd
 from .dialects import Dialect
 from .tensor import RpcTensor, TENSOR_SIZE
+from .wire import U64_MAX
 
 _CAPS0 = bytes(CONN_CAPS_SIZE)
 _NULL = RpcTensor.null()
@@ -474,7 +475,7 @@ TABLE: tuple[Row, ...] = (
                                                        ("size", U64_FIELD), ("n_copies", U64_FIELD),
                                                        ("stride", U64_FIELD))),
         Layout(GetTensor2DResponse, (), tail="data"),
-        response_size=lambda r: (r.size * r.n_copies) & 0xFFFFFFFFFFFFFFFF),
+        response_size=lambda r: (r.size * r.n_copies) & U64_MAX),
     Row(Cmd.COMM_INIT, Layout(CommInitRequest, (("device", U32_FIELD), ("rank", U32_FIELD), ("world", U32_FIELD),
                                                 ("port", U32_FIELD), ("host", HOST64))),
         Layout(CommInitResponse, (("ok", U8_FIELD),))),

@@ -26,6 +26,11 @@ RESPONSE_HEADER_SIZE = U64.size  # 8: payload size
 LENGTH_SIZE = U64.size  # the length prefix ends every header
 
 
+def announced_length(frame) -> int:
+    """The payload size a request frame's header announces (its length prefix)."""
+    return REQUEST_HEAD.unpack_from(frame)[1]
+
+
 def request_header(cmd_id: int, length: int) -> bytes:
     """A request frame's header: the command byte and the payload length it announces."""
     return REQUEST_HEAD.pack(cmd_id, length)

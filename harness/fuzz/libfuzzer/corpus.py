@@ -21,7 +21,8 @@ from pathlib import Path
 
 from hypothesis import HealthCheck, Phase, given, seed as hyp_seed, settings
 
-from ...proto.wire import REQUEST_HEADER_SIZE, U64, split_request_frames as split_frames
+from ...proto.wire import (REQUEST_HEADER_SIZE, U64, announced_length,
+                           split_request_frames as split_frames)
 from ...capture.transcript import Transcript
 from ...proto import Cmd, get_dialect
 from ..case import BASE, HANDLE, Case, annotate, find_relocs, sentinel, step
@@ -50,7 +51,7 @@ def input_to_case(data: bytes, dialect: str) -> Case:
         name = cmd.value if cmd is not None else f"UNKNOWN_{frame[0]}"
         learn = None
         complete = len(frame) >= REQUEST_HEADER_SIZE and \
-            len(frame) == REQUEST_HEADER_SIZE + U64.unpack_from(frame, 1)[0]
+            len(frame) == REQUEST_HEADER_SIZE + announced_length(frame)
         if i == 0 and cmd is not Cmd.HELLO:
             pass
         elif cmd is Cmd.ALLOC_BUFFER and complete:
