@@ -316,13 +316,13 @@ def test_the_guide_followed_in_a_copy_of_the_tree_touches_only_the_files_it_name
     assert set(verdicts.values()) == {"pass"}, verdicts
     rc, out = pytest_in_tree("-x", "-m", "not realpeer and not slow", "-rA",
                              "tests/test_dialect_table.py", "tests/test_proto_roundtrip.py",
-                             "tests/test_conformance_8.py", "tests/test_scenarios.py",
+                             "tests/test_conformance_features.py", "tests/test_scenarios.py",
                              "tests/test_strategies.py", "tests/test_error_roots.py",
                              *(f"--deselect=tests/test_scenarios.py::{t}"
                                for t in FIXED_CELL_TESTS))
     assert rc == 0, out[-4000:]
     # the row was held to the catalogue, and the framing check read the new mutation's entry
-    assert "PASSED tests/test_conformance_8.py::test_every_row_meets_the_catalogue_on_its_" \
+    assert "PASSED tests/test_conformance_features.py::test_every_row_meets_the_catalogue_on_its_" \
            "reference_server[7.1.0]" in out, out[-4000:]
     # and the trial's facts hold where the table, the registry and the catalogue say
     rc, out = run("-c", "\n".join((

@@ -4,7 +4,7 @@ communicator commands without a communicator, and tensor validation. 8.0.0 broug
 
 Outcomes were recorded from the real 8.0.0 build (pin p8,
 harness/data/vectors/conformance-8.0.0.json, written by ``python -m
-harness.conformance.record``); tests/test_conformance_8.py holds the
+harness.conformance.record``); tests/test_conformance_features.py holds the
 expectations here to that recording, the real build to the expectations and the reference server
 to the real build. 9.0.0 is built on 8.0.0, so its reference server is held to the same cases.
 """

@@ -5,7 +5,7 @@ usage: python -m harness.conformance.record --peer p8 --dialect 8.0.0 [--comm] [
 ``--comm`` records the two-server COMM_* cases (harness.conformance.comm) instead.
 
 The recording is the evidence the cases' expectations are checked against
-(tests/test_conformance_8.py): re-record after a new pin, then review the diff.
+(tests/test_conformance_features.py): re-record after a new pin, then review the diff.
 """
 
 from __future__ import annotations
