@@ -327,3 +327,115 @@ def test_the_pinned_table_prints_as_it_is_written():
         exec(format_table(table), scope)
         assert scope["DERIVED"] == table
     assert format_table(DERIVED) in Path(__file__).read_text()
+
+
+# ------------------------------------------------------------------ every field is read
+# Each peer-behaviour field, overridden in a view, changes what the reference does (or, for
+# the facts of real servers only, what the conformance catalogue expects): a field nothing
+# reads is a table entry that says nothing. A new field needs a probe here.
+def _receive_steps(view) -> int:
+    """The largest receive the reference server asks for while a 4 MiB upload arrives."""
+    import socket
+    import threading
+
+    from harness.reference.client import RefClient
+    from harness.reference.server import RECV_CHUNK, ReferenceServer
+    from harness.transport.tcp import TcpTransport
+
+    asked: list[int] = []
+
+    class Recording(TcpTransport):
+        def recv_into(self, buf, *a, **kw):
+            asked.append(len(buf))
+            return super().recv_into(buf, *a, **kw)
+    server = ReferenceServer(ServerConfig(dialect=view.dialect), behaviour=view)
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        a = socket.create_connection(listener.getsockname())
+        b, _ = listener.accept()
+    t = threading.Thread(target=server.serve_transport, args=(Recording(b, timeout=30),))
+    t.start()
+    client = RefClient(TcpTransport(a, timeout=30), view.dialect)
+    client.hello()
+    handle, _ = client.alloc_buffer(8 << 20)
+    base = client.buffer_get_base(handle)
+    tensor = RpcTensor.make(id=1, ne=(1 << 20,), buffer=handle, data=base)
+    client.set_tensor(tensor, bytes(4 << 20))
+    client.close()
+    t.join(30)
+    # the payload's receives land in the tensor's buffer; the rest in the 1 MiB read buffer
+    return max(n for n in asked if n != RECV_CHUNK)
+
+
+def _hash_decision(view) -> bool:
+    from harness.reference.client import RefClient
+    client = RefClient(None, view.dialect, behaviour=view)  # no HELLO: no cache known
+    return client._should_hash(64 << 20, weights=True)
+
+
+def _upload_writes(view) -> str:
+    """How the reference client writes a SET_TENSOR: one staged message or header and data."""
+    from harness.reference.client import RefClient
+    from harness.reference.knobs import Misbehaviour
+
+    class Writes:
+        how = ""
+
+        def sendall(self, data):
+            Writes.how = "staged"
+
+        def sendall_parts(self, parts):
+            Writes.how = "parts"
+
+        def flush(self):
+            raise ConnectionResetError("the probe stops after the write")
+    client = RefClient(Writes(), view.dialect, behaviour=view,
+                       knobs=Misbehaviour(skip_hello=True))
+    with pytest.raises(Exception):
+        client._send_set_tensor(m.SetTensorRequest(RpcTensor.null(), 0, 0),
+                                memoryview(bytes(64)))
+    return Writes.how
+
+
+def _bad_upload_closes_before_its_payload(view) -> bool:
+    """A SET_TENSOR of a null tensor announcing 1 MiB, its payload not sent yet: a streamed
+    receiver closes at once, a whole-message one reads (discards) the payload first."""
+    from harness.proto.connection import ClientConnection
+    from harness.reference.server_protocol import ConnectionRecord, ServerProtocol
+    from harness.strategies import hello_request_frame
+    proto = ServerProtocol(ServerState(ServerConfig(dialect=view.dialect)), view,
+                           ConnectionRecord("probe", 0.0))
+    proto.receive_data(hello_request_frame(view.dialect))
+    proto.pump(lambda parts: None)
+    head = ClientConnection(view.dialect, strict=False).send_head(
+        m.SetTensorRequest(RpcTensor.null(), 0, 0), 1 << 20)
+    proto.receive_data(head)
+    proto.pump(lambda parts: None)
+    return proto.closed
+
+
+def _catalogue_expects_bounds_close(view) -> bool:
+    from harness.conformance.check import CASES
+    row = dataclasses.replace(view.dialect, peer=view.peer)
+    return sorted(c.id for c in CASES if c.applies_to(row))
+
+
+PROBES = {
+    "client_hash": ("9.0.0", {"client_hash": "always"}, _hash_decision),
+    "server_receive": ("9.0.0", {"server_receive": "whole"}, _bad_upload_closes_before_its_payload),
+    "server_chunk": ("9.0.0", {"server_chunk": 4096}, _receive_steps),
+    "client_zero_copy": ("7.0.0", {"client_zero_copy": True}, _upload_writes),
+    "server_hash_checks_tensor": ("7.0.0", {"server_hash_checks_tensor": True}, _null_hash_lookup),
+    "server_tensor_bounds_close": ("8.0.0", {"server_tensor_bounds_close": False},
+                                   _catalogue_expects_bounds_close),
+}
+
+
+def test_every_peer_field_has_a_probe():
+    assert sorted(PROBES) == sorted(PEER_FIELDS)
+
+
+@pytest.mark.parametrize("field", sorted(PROBES))
+def test_an_override_of_each_field_reaches_what_reads_it(field):
+    dialect, override, probe = PROBES[field]
+    row = behaviour_view_for(dialect)
+    assert probe(row) != probe(row.with_(**override)), field

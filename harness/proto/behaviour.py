@@ -51,7 +51,7 @@ class PeerBehaviour:
 
     client_hash: str  # HASH_ALWAYS / HASH_IF_FLAG
     server_receive: str  # RECEIVE_WHOLE / RECEIVE_STREAMED
-    server_chunk: int  # bytes per receive step when streaming into staging memory
+    server_chunk: int  # at most this many payload bytes per receive call (the C loop's step)
     client_zero_copy: bool  # header and caller's data written separately, no staging copy
     # SET_TENSOR_HASH: the server reads (validates) the tensor before the cache lookup, so a
     # bad tensor closes even without a cache (8.0.0 [V p8]); 7.0.0 looks up first [V]

@@ -84,6 +84,7 @@ class ServerProtocol:
         self.session = ServerSession(state, behaviour)
         self.session.local_conn_caps = local_conn_caps
         self.streamed = behaviour.server_receive == RECEIVE_STREAMED
+        self.receive_step = behaviour.server_chunk  # at most this much per receive call
         # A streamed payload lands in a buffer, so nothing larger than all memory can fit.
         self.conn = ServerConnection(self.config.dialect, max_payload=self.config.max_payload,
                                      max_stream=self.config.memory_budget,
@@ -155,7 +156,8 @@ class ServerProtocol:
     def payload_view(self) -> memoryview | None:
         """Where the next payload bytes may be received directly, or None (use receive_data)."""
         if self._sink is not None:
-            return self._sink.dest[self._sink_got:]
+            # in steps of the dialect's receive chunk, as the C server's receive loop reads
+            return self._sink.dest[self._sink_got:self._sink_got + self.receive_step]
         if self._discard_close is not None:
             if self._scratch is None:
                 self._scratch = memoryview(bytearray(DISCARD_CHUNK))
