@@ -11,7 +11,7 @@ planted divergence that the shipped list rejects (or, for the kind, be refused w
 The planted divergences are built from the entries themselves: each entry's own divergence (a
 line it allows, :func:`examples`) with the part the widening touches replaced by probe text,
 so that the line lies just outside the entry. A divergence is (kind, command, line), judged by
-the differential's own decision (``allow_list._allowing``) over the whole list.
+the differential's own decision (``allow_list.allowing``) over the whole list.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from harness.fuzz.bounds import ACCEPTED_OOB
-from harness.fuzz.allow_list import _allowing, load_allow
+from harness.fuzz.allow_list import allowing, load_allow
 from harness.fuzz.divergence import _further
 from harness.fuzz.errors import DifferentialError
 
@@ -287,8 +287,8 @@ def judge(w: Widening, shipped: list[dict], deaths: list[str], tmp: Path) -> Ver
     for cmd, line in examples(w.entry, deaths):
         for near_cmd, near in near_lines(w, cmd, line):
             verdict.near.append((near_cmd, near))
-            if _allowing(shipped, kind, near_cmd, near) is None and \
-                    _allowing(widened, kind, near_cmd, near) is not None:
+            if allowing(shipped, kind, near_cmd, near) is None and \
+                    allowing(widened, kind, near_cmd, near) is not None:
                 verdict.caught_by = (kind, near_cmd, near)
                 return verdict
     return verdict

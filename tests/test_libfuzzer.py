@@ -13,7 +13,7 @@ import pytest
 from harness.fuzz.case import BASE, HANDLE, find_relocs, sentinel
 from harness.fuzz.libfuzzer import corpus as lfc
 from harness.fuzz.libfuzzer.build import HERE, TARGET_NAME
-from harness.fuzz.libfuzzer.engine import _class_of
+from harness.fuzz.libfuzzer.report import finding_class
 from harness.fuzz.libfuzzer.running import Timeline
 from harness.fuzz.libfuzzer.triage import _frame_start, signature_of
 from harness.fuzz.signature import death_line
@@ -117,14 +117,14 @@ def test_abort_event_signature_is_the_live_campaigns_line():
     sig, detail = signature_of(text, D, data)
     assert sig.kind == "crash" and sig.signal == "SIGABRT"
     assert sig.line == death_line(text.splitlines())
-    assert _class_of(sig.to_json()) == "GGML_ASSERT"
+    assert finding_class(sig.to_json()) == "GGML_ASSERT"
 
 
 def test_sanitizer_signature_and_class():
     text = (FIX / "asan-heap-use-after-free.txt").read_text()
     sig, _ = signature_of(text, D, b"")
     assert (sig.kind, sig.signal) == ("crash", "exit 1")
-    assert _class_of(sig.to_json()) == "AddressSanitizer: heap-use-after-free"
+    assert finding_class(sig.to_json()) == "AddressSanitizer: heap-use-after-free"
     assert signature_of("nothing happened\n", D, b"") is None
 
 
@@ -311,14 +311,14 @@ def test_fuzzer_stuck_in_a_child_does_not_hang_the_campaign(tmp_path):
     running it keep the parent's stderr open: the hard stop must end the whole group."""
     import time
 
-    from harness.fuzz.libfuzzer.running import _run_fuzzer
+    from harness.fuzz.libfuzzer.running import run_fuzzer
     fake = tmp_path / "fuzzer"
     fake.write_text("#!/bin/sh\necho '#5: cov: 7 ft: 7 corp: 1 exec/s: 5' >&2\n"
                     "sleep 300 &\nsleep 300\n")
     fake.chmod(0o755)
     timeline = Timeline()
     started = time.monotonic()
-    rc = _run_fuzzer(fake, [], {"PATH": "/usr/bin:/bin"}, tmp_path / "log", timeline,
+    rc = run_fuzzer(fake, [], {"PATH": "/usr/bin:/bin"}, tmp_path / "log", timeline,
                      time.monotonic() + 2, None)
     assert rc < 0 and time.monotonic() - started < 120  # killed, not waited for
     assert timeline.last["execs"] == 5
@@ -334,7 +334,7 @@ def test_hard_rss_limit_report_is_a_memory_finding():
     sig, _ = signature_of(text, D, b"")
     assert (sig.kind, sig.signal, sig.line) == ("memory", "", "AddressSanitizer: out-of-memory "
                                                               "(rss)")
-    assert _class_of(sig.to_json()) == "memory"
+    assert finding_class(sig.to_json()) == "memory"
 
 
 @pytest.mark.realpeer

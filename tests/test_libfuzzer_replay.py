@@ -14,7 +14,7 @@ import pytest
 
 from harness.fuzz import sanitizer
 from harness.fuzz.libfuzzer.config import LibFuzzerConfig
-from harness.fuzz.libfuzzer.engine import replay_target
+from harness.fuzz.libfuzzer.findings import replay_target
 from harness.fuzz.replay import ReplayResult
 from harness.fuzz.signature import Signature
 from needs import built, peer
@@ -114,7 +114,7 @@ def _finding(tmp_path: Path, cfg: LibFuzzerConfig, fixture: str = "copy-tensor-o
     """A fixture input through the engine's triage and save steps, as a campaign would
     (``command`` None: whichever request was running)."""
     from harness.fuzz.libfuzzer.config import rss_baseline_mb, sanitizer_env
-    from harness.fuzz.libfuzzer.engine import _save
+    from harness.fuzz.libfuzzer.findings import save_finding as _save
     from harness.fuzz.libfuzzer.running import rerun
     from harness.fuzz.libfuzzer.triage import Failure, signature_of
     binary = _builds(live_peer).binary

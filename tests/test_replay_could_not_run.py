@@ -14,7 +14,7 @@ import pytest
 from harness.fuzz.campaign import CampaignConfig, Progress, _Worker
 from harness.fuzz.case import annotate, step
 from harness.fuzz.case_runner import Finding
-from harness.fuzz.libfuzzer import engine
+from harness.fuzz.libfuzzer import findings, report as lf_report
 from harness.fuzz.libfuzzer.config import ENGINE, LibFuzzerConfig
 from harness.fuzz.libfuzzer.triage import Failure
 from harness.fuzz.report import (build_report, campaign_problems, render_markdown,
@@ -63,12 +63,12 @@ def test_an_in_process_finding_whose_live_server_will_not_start(tmp_path):
     data = (ROOT / "fixtures" / "libfuzzer" / "copy-tensor-overlap.bin").read_bytes()
     failure = Failure(Signature("crash", "exit 1", OVERLAP, "COPY_TENSOR"), data,
                              "planted", "planted")
-    finding = engine._save(cfg, failure, tmp_path, "7.0.0", Counter({failure.signature: 1}))
+    finding = findings.save_finding(cfg, failure, tmp_path, "7.0.0", Counter({failure.signature: 1}))
     assert finding["replays"] is None and "exited before listening" in finding["replay_error"]
     report = _lf_report(cfg, [finding])
     assert report["problems"] == replay_problems(report) and len(report["problems"]) == 1
     assert finding["id"] in report["problems"][0]
-    md = engine.render_libfuzzer_markdown(report, tmp_path)
+    md = lf_report.render_libfuzzer_markdown(report, tmp_path)
     assert "**could not run**" in md and "Findings whose replay could not run" in md
     assert "did not test the target" not in md
 
@@ -77,7 +77,7 @@ def test_an_in_process_finding_whose_sanitizer_build_is_missing(tmp_path):
     cfg = LibFuzzerConfig(target="p7", out=tmp_path)
     folder = tmp_path / "f"
     folder.mkdir()
-    got = engine._replayed(cfg, folder, "7.0.0", "p9+asan+ubsan", "p9+asan+ubsan is not built")
+    got = findings.replayed(cfg, folder, "7.0.0", "p9+asan+ubsan", "p9+asan+ubsan is not built")
     assert got["replays"] is None and got["replay_error"] == "p9+asan+ubsan is not built"
     # planted: the record as it was (replays None, no error named) fails nothing
     old = {k: v for k, v in got.items() if k != "replay_error"}

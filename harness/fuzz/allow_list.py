@@ -90,7 +90,7 @@ def load_allow(path: Path | None, *, defaults: bool = True,
     return entries
 
 
-def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
+def allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | None:
     """The first entry naming the kind and command (``cmd: "*"``: any) whose optional
     ``match``, a regular expression, the divergence's line contains (e.g. one assert of one
     side); None if no entry allows it. An answer entry without ``match`` masks bytes
@@ -101,4 +101,4 @@ def _allowing(allow: list[dict], kind: str, cmd: str, line: str = "") -> dict | 
 
 
 def _allowed(allow: list[dict], kind: str, cmd: str, line: str = "") -> bool:
-    return _allowing(allow, kind, cmd, line) is not None
+    return allowing(allow, kind, cmd, line) is not None

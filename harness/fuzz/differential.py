@@ -59,7 +59,7 @@ from .sweep import PARTS, prepare, size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .target_spec import TargetSpec
 from .differential_report import render_markdown
-from .divergence import Divergence, _dedupe_key, compare, finding_id
+from .divergence import Divergence, dedupe_key, compare, finding_id
 from .errors import DifferentialError
 
 FORMAT = "ggml-rpc-fuzz-divergence/1"
@@ -227,7 +227,7 @@ def run_differential(cfg: DifferentialConfig, *,
                     hits[allow.index(e)] += 1
                 return
             stats["divergences_seen"] += 1
-            key = _dedupe_key(div)
+            key = dedupe_key(div)
             if key in seen:
                 return
             seen.add(key)
@@ -328,11 +328,11 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
     def same(c: Case) -> bool:
         d, _ = pair.judge(c, allow)
         # The same difference, blamed on the same step (not another one that differs too).
-        return d is not None and _dedupe_key(d) == _dedupe_key(div) and d.culprit == div.culprit
+        return d is not None and dedupe_key(d) == dedupe_key(div) and d.culprit == div.culprit
 
     minimal = minimise_case(case, same, budget) if len(case.steps) > 1 else case
     final, runs = pair.judge(minimal, allow)
-    if final is None or _dedupe_key(final) != _dedupe_key(div):  # timing: keep the original
+    if final is None or dedupe_key(final) != dedupe_key(div):  # timing: keep the original
         minimal, final = case, div
         runs = pair.judge(case, allow)[1]
     # `harness replay` starts both targets afresh: say whether that shows it (no: the outcome
@@ -346,7 +346,7 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
                                   "minimise_attempts": budget.attempts,
                                   "found_after_s": round(found_after, 1),
                                   "replays_on_fresh_targets": fresh is not None
-                                  and _dedupe_key(fresh) == _dedupe_key(div)})
+                                  and dedupe_key(fresh) == dedupe_key(div)})
 
 
 def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .report import _sweep_row, phases_lines
+from .report import sweep_row, phases_lines
 
 
 def render_markdown(r: dict) -> str:
@@ -18,7 +18,7 @@ def render_markdown(r: dict) -> str:
               "| | |", "|---|---|",
               f"| sessions | {r['cases']:,}: {s.get('sweep_done', 0):,} of the sweep, "
               f"{s['generated']:,} generated, {s['evolved']:,} evolved |",
-              _sweep_row(r.get("sweep")),
+              sweep_row(r.get("sweep")),
               f"| divergent sessions (not allow-listed / allow-listed) | {s['divergences_seen']:,} / "
               f"{s['allowed']:,} |",
               f"| sessions where both broke the same way | {s['both_broke']:,} |",

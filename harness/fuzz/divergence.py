@@ -19,7 +19,7 @@ from .execute import Outcome
 from .case_runner import Finding
 from .written import unwritten_ranges
 from .signature import Signature, normalise, slug
-from .allow_list import UNWRITTEN, _allowing
+from .allow_list import UNWRITTEN, allowing
 
 _LEARNED = {"ALLOC_BUFFER": (0,), "BUFFER_GET_BASE": (0,)}  # u64 words holding heap addresses
 
@@ -190,7 +190,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         which = ("both" if ka and kb else labels[0] if ka else labels[1])
         line = f"{which} broke: " + " / ".join(
             f"{k.kind} {k.signal} {k.line}".strip() if k else "survived" for k in (ka, kb))
-        if allowed_by(_allowing(allow, "death", cmd, line)):
+        if allowed_by(allowing(allow, "death", cmd, line)):
             return None
         return Divergence(Signature("divergence", "", normalise(line), cmd), "; ".join(side))
     # Where a connection ended, as far as the wire proves it: the steps answered before the
@@ -205,7 +205,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         at = next((k for k in range(lo, hi) if case.steps[k].mutated), lo)
         cmd = case.steps[at].cmd
         line = f"close point: {labels[0]} {oa.status}, {labels[1]} {ob.status}"
-        if not allowed_by(_allowing(allow, "close", cmd,
+        if not allowed_by(allowing(allow, "close", cmd,
                                     f"{line} <- {_close_causes(case, lo, hi, (oa, ob))} "
                                     + _further(oa.proven, ob.proven))):
             return Divergence(
@@ -225,7 +225,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
         ra, rb = (_masked(cmd, r, masks, (gaps or {}).get(i)) for r in (ra, rb))
         if ra == rb:
             allowed_by(masks[0])
-        elif not allowed_by(_allowing(allow, "answer", cmd,
+        elif not allowed_by(allowing(allow, "answer", cmd,
                                       f"{labels[0]} {pa.hex()} / {labels[1]} {pb.hex()}")):
             first = next((k for k in range(min(len(ra), len(rb))) if ra[k] != rb[k]),
                          min(len(ra), len(rb)))
@@ -236,7 +236,7 @@ def compare(case: Case, runs: list[tuple[Finding | None, Outcome]], labels: tupl
     return None
 
 
-def _dedupe_key(div: Divergence) -> tuple:
+def dedupe_key(div: Divergence) -> tuple:
     """One finding per difference: a side that broke is one bug whatever step it was named
     after (a pipelined run names the command only roughly); other divergences are per
     command."""
@@ -253,5 +253,5 @@ def _dedupe_key(div: Divergence) -> tuple:
 def finding_id(div: Divergence) -> str:
     """Folder name of a divergence: one per deduplication key (two close-point divergences
     of one command blamed on different mutations are two findings)."""
-    digest = hashlib.sha1(repr(_dedupe_key(div)).encode()).hexdigest()[:8]
+    digest = hashlib.sha1(repr(dedupe_key(div)).encode()).hexdigest()[:8]
     return f"divergence-{slug(div.signature.command)}-{digest}"

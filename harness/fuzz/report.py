@@ -301,7 +301,7 @@ def render_markdown(r: dict, out: Path) -> str:
               f"| connections | {r['cases']:,} ({r['cases_per_s']:,.1f}/s): "
               f"{r.get('generated_cases', 0):,} generated, {r.get('evolved_cases', 0):,} "
               "derived from the evolving corpus |",
-              _sweep_row(r.get("sweep")),
+              sweep_row(r.get("sweep")),
               f"| corpus | {r.get('corpus_entries', 0):,} entries kept for "
               f"{r.get('behaviours', 0):,} distinct behaviours |",
               "| worker time | " + (", ".join(f"{k} {v:,.1f} s" for k, v in
@@ -372,7 +372,7 @@ def phases_lines(sweep: dict | None) -> list[str]:
     return lines + [""]
 
 
-def _sweep_row(sweep: dict | None) -> str:
+def sweep_row(sweep: dict | None) -> str:
     if not sweep or not sweep.get("cases"):
         return "| sweep | not run |"
     state = "complete" if sweep["complete"] else \

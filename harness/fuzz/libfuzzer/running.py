@@ -54,13 +54,13 @@ class Timeline:
         return [self.points[int(i * step)] for i in range(n - 1)] + [self.points[-1]]
 
 
-def _children_cpu() -> float:
+def children_cpu() -> float:
     """CPU seconds (user + system) of every child process waited for so far, theirs included."""
     r = resource.getrusage(resource.RUSAGE_CHILDREN)
     return r.ru_utime + r.ru_stime
 
 
-def _run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: Timeline,
+def run_fuzzer(binary: Path, args: list[str], env: dict, log: Path, timeline: Timeline,
                 hard_stop: float, on_line: Callable[[dict], None] | None) -> int:
     nice = shutil.which("nice")
     proc = subprocess.Popen(([nice] if nice else []) + [str(binary), *args], env=env,
