@@ -44,7 +44,6 @@ from typing import Callable
 from hypothesis import HealthCheck, Phase, Verbosity, given, seed as hyp_seed, settings
 from hypothesis import strategies as st
 
-from ..capture.pcap import write_pcap
 from .allow_list import load_allow
 from .campaign import SWEEP_SHARE, Progress, _is_hypothesis_error
 from .case import Case
@@ -54,15 +53,14 @@ from .generate import cases
 from .replay import load
 from .report import DEFAULT_MIN_MESSAGES, campaign_problems, phases_summary
 from .case_runner import CaseRunner, Finding
-from .shrink import Budget, minimise_case, transcript_of
+from .shrink import Budget, minimise_case
 from .sweep import PARTS, prepare, size as sweep_size, sweep as sweep_cases
 from .target import DEFAULT_AS_LIMIT, DEFAULT_RSS_LIMIT, Target
 from .target_spec import TargetSpec
-from .differential_report import render_markdown
+from .differential_report import render_markdown, save_divergence
 from .divergence import Divergence, dedupe_key, compare, finding_id
 from .errors import DifferentialError
 
-FORMAT = "ggml-rpc-fuzz-divergence/1"
 
 
 # ---------------------------------------------------------------- the campaign
@@ -347,28 +345,6 @@ def _minimise_and_save(cfg, pair: _Pair, allow, case: Case, div: Divergence, out
                                   "found_after_s": round(found_after, 1),
                                   "replays_on_fresh_targets": fresh is not None
                                   and dedupe_key(fresh) == dedupe_key(div)})
-
-
-def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,
-                    dialect: str, extra: dict) -> dict:
-    folder.mkdir(parents=True, exist_ok=True)
-    meta = {"format": FORMAT, "signature": div.signature.to_json(), "a": cfg.a, "b": cfg.b,
-            "dialect": dialect, "case": case.to_json()}
-    transcript_of(case, None, meta).save(folder / "repro.rpct")
-    for name, (_, o) in zip(("a", "b"), runs):
-        tr = transcript_of(case, o, {**meta, "side": name})
-        tr.save(folder / f"{name}.rpct")
-        write_pcap(tr, folder / f"{name}.pcap")
-    finding = {"format": FORMAT, "id": folder.name, "signature": div.signature.to_json(),
-               "title": div.signature.title(), "detail": div.detail, "step": div.step,
-               "a": cfg.a, "b": cfg.b, "labels": list(labels), "dialect": dialect,
-               "steps": len(case.steps), "listing": case.describe(),
-               "outcomes": [{"status": o.status, "at": o.at,
-                             "broke": v.signature.title() if v else None} for v, o in runs],
-               "replay": f"harness replay {folder}/repro.rpct --differential {cfg.a} {cfg.b}",
-               **extra}
-    (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
-    return finding
 
 
 def replay_differential(path: Path, a: str, b: str, *, dialect: str | None = None,

@@ -1,8 +1,40 @@
-"""report.md of a differential campaign."""
+"""What a differential campaign writes: each divergence's folder (the case, both sides'
+transcripts and pcaps, finding.json) and report.md."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
+from ..capture.pcap import write_pcap
+from .case import Case
+from .divergence import Divergence
 from .report import sweep_row, phases_lines
+from .shrink import transcript_of
+
+FORMAT = "ggml-rpc-fuzz-divergence/1"
+
+
+def save_divergence(folder: Path, case: Case, runs, div: Divergence, *, cfg, labels,
+                    dialect: str, extra: dict) -> dict:
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = {"format": FORMAT, "signature": div.signature.to_json(), "a": cfg.a, "b": cfg.b,
+            "dialect": dialect, "case": case.to_json()}
+    transcript_of(case, None, meta).save(folder / "repro.rpct")
+    for name, (_, o) in zip(("a", "b"), runs):
+        tr = transcript_of(case, o, {**meta, "side": name})
+        tr.save(folder / f"{name}.rpct")
+        write_pcap(tr, folder / f"{name}.pcap")
+    finding = {"format": FORMAT, "id": folder.name, "signature": div.signature.to_json(),
+               "title": div.signature.title(), "detail": div.detail, "step": div.step,
+               "a": cfg.a, "b": cfg.b, "labels": list(labels), "dialect": dialect,
+               "steps": len(case.steps), "listing": case.describe(),
+               "outcomes": [{"status": o.status, "at": o.at,
+                             "broke": v.signature.title() if v else None} for v, o in runs],
+               "replay": f"harness replay {folder}/repro.rpct --differential {cfg.a} {cfg.b}",
+               **extra}
+    (folder / "finding.json").write_text(json.dumps(finding, indent=1) + "\n")
+    return finding
 
 
 def render_markdown(r: dict) -> str:
