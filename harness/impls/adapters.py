@@ -38,6 +38,16 @@ class Adapter:
             return self._docker_unavailable()
         return self._pin_unavailable()
 
+    def buildable(self) -> bool:
+        """Can `harness peers build` make it (a pin the registry resolves)?"""
+        if self.kind == "ref" or not self.pin:
+            return False
+        from .registry import PeerError, get_peer
+        try:
+            return get_peer(self.pin).kind != "user"
+        except PeerError:
+            return False
+
     def build_failed(self) -> bool:
         """Is it unavailable because its build failed (a failure), not merely unbuilt?"""
         if self.kind == "ref" or not self.pin:

@@ -355,6 +355,25 @@ def _upload_timing(folder: Path, transcripts: list[Transcript], cell: Cell) -> d
 PLOT_BYTES = 1 << 20
 
 
+def missing_builds(jobs: list[PlannedCell]) -> list[str]:
+    """The pins the planned cells need that are not built here and that a build can give
+    (a registry or patched pin, its RDMA variant for an rdma-soft cell; not a user build,
+    and not one whose last build failed: that is the cells' build-error, not a retry)."""
+    out: dict[str, None] = {}
+    for job in jobs:
+        for adapter in (job.client, job.server, job.other_server):
+            if adapter is None or adapter.kind not in ("pin", "docker") or not adapter.pin:
+                continue
+            # a docker peer's image is made from its pin: the pin is what a build gives
+            wanted = [Adapter(adapter.name, "pin", adapter.dialect, pin=adapter.pin)]
+            if job.cell.transport == RDMA_SOFT:
+                wanted.append(dc_replace(wanted[0], pin=rdma_pin(adapter.pin)))
+            for a in wanted:
+                if a.unavailable() and not a.build_failed() and a.buildable():
+                    out[a.pin] = None
+    return list(out)
+
+
 def plan(matrix: Matrix, cells: list[Cell]) -> list[PlannedCell]:
     adapters = {name: adapter_for(name, impl) for name, impl in matrix.implementations.items()}
     knobs = {name: parse_knobs(impl.client_knobs) if impl.client_knobs else None
