@@ -32,18 +32,18 @@ def model_client_skip(ctx) -> Skip | None:
     return ctx.model_client_unavailable()
 
 
-def _profile_checks(rows: list[dict]) -> list[Check]:
+def _loadprof_checks(rows: list[dict]) -> list[Check]:
     """Each side's profiler, where the build has one, counts what the wire carried."""
     checks = []
     for side in ("client", "server"):
-        with_profile = [r for r in rows if r[f"{side}_profile"]]
-        if not with_profile:
+        with_loadprof = [r for r in rows if r[f"{side}_loadprof"]]
+        if not with_loadprof:
             continue
-        bad = [f"{r['run']} {r['server']}: {k}={r[side + '_profile'][k]} wire {w}={r[w]}"
-               for r in with_profile for k, w in _PROFILE_VS_WIRE.items()
-               if r[f"{side}_profile"][k] != r[w]]
+        bad = [f"{r['run']} {r['server']}: {k}={r[side + '_loadprof'][k]} wire {w}={r[w]}"
+               for r in with_loadprof for k, w in _PROFILE_VS_WIRE.items()
+               if r[f"{side}_loadprof"][k] != r[w]]
         checks.append(Check(f"the {side}'s load profiler counts what the wire carried", not bad,
-                            "; ".join(bad) or f"{len(with_profile)} run(s) agree"))
+                            "; ".join(bad) or f"{len(with_loadprof)} run(s) agree"))
     return checks
 
 
@@ -103,7 +103,7 @@ def judge_model_runs(ctx, result: dict) -> Observation:
                      t == result["local_text"],
                      f"local={result['local_text']!r} rpc={t!r}")
                for i, t in enumerate(texts)]
-    checks += _profile_checks(rows)
+    checks += _loadprof_checks(rows)
     unused = []
     for server in dict.fromkeys(r["server"] for r in rows):
         server_checks, never_used = _cache_checks([r for r in rows if r["server"] == server],

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from harness.capture.loadprof_log import LoadprofRecord
-from harness.matrix.load_runs import sum_loadprof_records as _sum_profiles
+from harness.matrix.load_runs import sum_loadprof_records
 from harness.report.html_report import load_table
 from harness.report.load_table import load_rows, markdown_table
 from harness.scenario import DEGRADED, FAILED, WORKS
@@ -35,7 +35,7 @@ def _row(run="cold", server="llama-7f", hashes=3, hits=0, profile=True, endpoint
             "connections": 8, "client_hellos": 8, "upload_span_s": 0.5, "hashing_s": 0.1, "wire_s": 0.2,
             "gaps_s": 0.1, "set_tensor": 10, "set_tensor_bytes": nbytes,
             "set_tensor_hash": hashes, "cache_hits": hits, "bytes_hashed": 33,
-            "client_profile": prof, "server_profile": copy.deepcopy(prof)}
+            "client_loadprof": prof, "server_loadprof": copy.deepcopy(prof)}
 
 
 def _result(rows, texts=(TEXT, TEXT)) -> dict:
@@ -74,7 +74,7 @@ def test_planted_faults_fail(rows, texts, failing):
 @pytest.mark.parametrize("side", ["client", "server"])
 def test_a_profiler_that_disagrees_with_the_wire_fails(side):
     rows = [_row(), _row("warm", hits=3)]
-    rows[1][f"{side}_profile"]["set_tensor"] = 11
+    rows[1][f"{side}_loadprof"]["set_tensor"] = 11
     obs = judge_model_runs(CTX_CACHE, _result(rows))
     assert obs.outcome == FAILED
     assert [c.name for c in obs.failed_checks] == [
@@ -181,11 +181,11 @@ def test_profiles_of_several_connections_add_up():
                       direct=0, staged=0, span_s=0.5, hash_s=0.1, staging_s=0.0, wire_s=0.2,
                       gap_s=0.1, gaps=1, max_gap_s=0.1)
         return LoadprofRecord(**{**fields, **kw})
-    total = _sum_profiles([rec(1), rec(2, span_s=0.7, flags=0, load_opt=False, max_gap_s=0.3)])
+    total = sum_loadprof_records([rec(1), rec(2, span_s=0.7, flags=0, load_opt=False, max_gap_s=0.3)])
     assert total["set_tensor"] == 4 and total["bytes"] == 20 and total["connections"] == 2
     assert total["span_s"] == 0.7 and total["max_gap_s"] == 0.3
     assert total["flags"] == 1 and total["load_opt"] is False
-    assert _sum_profiles([]) is None
+    assert sum_loadprof_records([]) is None
 
 
 
@@ -193,8 +193,8 @@ def test_profiles_of_several_connections_add_up():
 def _unused(row: dict) -> dict:
     """The RPC device silently unused: the model ran locally, nothing crossed the wire."""
     return {**row, "connections": 0, "client_hellos": 0, "set_tensor": 0, "set_tensor_bytes": 0,
-            "set_tensor_hash": 0, "cache_hits": 0, "bytes_hashed": 0, "client_profile": None,
-            "server_profile": None}
+            "set_tensor_hash": 0, "cache_hits": 0, "bytes_hashed": 0, "client_loadprof": None,
+            "server_loadprof": None}
 
 
 @pytest.mark.parametrize("ctx", [CTX_NO_CACHE, CTX_CACHE], ids=["no-cache", "cache"])

@@ -69,5 +69,5 @@ def load_run_row(label: str, member: FleetServer, n_conns: int, n_records: int, 
             "set_tensor": wire.set_tensor_calls, "set_tensor_bytes": wire.set_tensor_bytes,
             "set_tensor_hash": wire.hash_calls, "cache_hits": wire.hash_hits,
             "bytes_hashed": wire.bytes_hashed,
-            "client_profile": sum_loadprof_records(client_records),
-            "server_profile": sum_loadprof_records(records)}
+            "client_loadprof": sum_loadprof_records(client_records),
+            "server_loadprof": sum_loadprof_records(records)}

@@ -23,14 +23,14 @@ def _s(value) -> str:
     return f"{value:.3f} s" if isinstance(value, (int, float)) else "-"
 
 
-def _client_profile(p: dict | None) -> str:
+def _client_loadprof(p: dict | None) -> str:
     if not p:
         return "-"
     return (f"span {p['span_s']:.3f} s, hash {p['hash_s']:.3f} s, staging {p['staging_s']:.3f} s,"
             f" wire {p['wire_s']:.3f} s, gaps {p['gap_s']:.3f} s")
 
 
-def _server_profile(p: dict | None) -> str:
+def _server_loadprof(p: dict | None) -> str:
     if not p:
         return "-"
     return (f"flags 0x{p['flags']:02x}, {p['direct']} direct / {p['staged']} staged, "
@@ -51,7 +51,7 @@ def load_rows(d: pd.DataFrame) -> list[list[str]]:
             else []
         order = list(dict.fromkeys(run["endpoint"] for run in runs))  # the client's --rpc order
         for run in runs:
-            profile = run.get("client_profile")
+            profile = run.get("client_loadprof")
             hashing = _s(profile["hash_s"]) if profile else f"{_s(run['hashing_s'])} w"
             server = (f"fleet {order.index(run['endpoint']) + 1}/{len(order)}: {run['server']}"
                       if fleet else f"{r['server_role']}: {run['server']}")
@@ -60,7 +60,7 @@ def load_rows(d: pd.DataFrame) -> list[list[str]]:
                         _s(run["wall_s"]), hashing, _s(run["wire_s"]), _s(run["gaps_s"]),
                         str(run["set_tensor"]), f"{run['set_tensor_bytes'] / MIB:.1f}",
                         str(run["set_tensor_hash"]), str(run["cache_hits"]),
-                        _client_profile(profile), _server_profile(run.get("server_profile")),
+                        _client_loadprof(profile), _server_loadprof(run.get("server_loadprof")),
                         "= local" if run["equal"] else "DIFFERS"])
     return out
 

@@ -108,14 +108,14 @@ def markdown(df: pd.DataFrame, title: str, notes: dict[str, list[str]] | None = 
 
 
 def _load_md(df: pd.DataFrame) -> list[str]:
-    """Per-cell load profile of the cells that uploaded at least 1 MiB."""
+    """Per-cell upload timing of the cells that uploaded at least 1 MiB."""
     if "load" not in df:
         return []
     rows = [r for _, r in df.iterrows()
             if isinstance(r["load"], dict) and r["load"].get("set_tensor_bytes", 0) >= 1 << 20]
     if not rows:
         return []
-    out = ["## Load profile (from the wire)", "",
+    out = ["## Upload timing (from the wire)", "",
            "| cell | SET_TENSOR | MiB | SET_TENSOR_HASH | hits | MiB hashed by client "
            "| wire s | hashing s | gaps s |", "|---" * 9 + "|"]
     for r in rows:
