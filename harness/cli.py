@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Optional
@@ -208,18 +209,43 @@ def _finish(rows: list[dict], run_dir: Path, allow) -> int:
     return exit_code(rows, allow)
 
 
+JSON_HELP = ("Print the cells' verdicts as JSON on standard output (the tables and progress go "
+             "to standard error).")
+
+
+@contextlib.contextmanager
+def _json_output(on: bool):
+    """With --json the terminal output moves to standard error: stdout holds the document."""
+    console.stderr = on
+    try:
+        yield
+    finally:
+        console.stderr = False
+
+
+def _print_rows_json(rows: list[dict], run_dir: Path, code: int) -> None:
+    import json
+    print(json.dumps({"run_dir": str(run_dir), "exit": code, "cells": rows}, indent=1,
+                     default=str))
+
+
 def _run_and_finish(m, cells, out: Path, *, title: str, workers, deliver, allow_skip: list[str],
                     run_id: Optional[str] = None, notes: Optional[dict] = None,
-                    keep_payloads: bool = False, build: bool = False) -> None:
+                    keep_payloads: bool = False, build: bool = False,
+                    as_json: bool = False) -> None:
     from .matrix.job import run_job
 
-    if build:
-        _build_missing(m, cells)
-    allow = _allow_skip(allow_skip, m)
-    rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
-                               run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
-                               notes=notes, keep_payloads=keep_payloads)
-    raise typer.Exit(_finish(rows, run_dir, allow))
+    with _json_output(as_json):
+        if build:
+            _build_missing(m, cells)
+        allow = _allow_skip(allow_skip, m)
+        rows, run_dir, _ = run_job(m, cells, out, title=title, workers=workers, console=console,
+                                   run_id=run_id, deliver=_delivery(deliver), allow_skip=allow,
+                                   notes=notes, keep_payloads=keep_payloads)
+        code = _finish(rows, run_dir, allow)
+    if as_json:
+        _print_rows_json(rows, run_dir, code)
+    raise typer.Exit(code)
 
 
 BUILD_HELP = ("Build the peers the cells need that are not built here first (as `harness "
@@ -341,6 +367,7 @@ def run(
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
     build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ):
     """Run every implementation pair that fills CLIENT_ROLE and SERVER_ROLE."""
     from .matrix.cells import expand
@@ -356,7 +383,7 @@ def run(
         raise typer.Exit(2)
     _run_and_finish(m, cells, out, title=f"{client_role} x {server_role}", workers=workers,
                     deliver=deliver, allow_skip=allow_skip, keep_payloads=keep_payloads,
-                    build=build)
+                    build=build, as_json=as_json)
 
 
 @app.command()
@@ -376,6 +403,7 @@ def matrix(
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
     build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ):
     """Run all cells of matrix.yaml and write reports/<run-id>/."""
     from .matrix.cells import RELEASES, expand
@@ -392,8 +420,9 @@ def matrix(
         more, peers = _release_cells(m, with_builds, build=True)
         cells += more
         notes = {RELEASES: peers.notes} if peers.notes else None
-        for note in peers.notes:
-            console.print(f"releases: {note}", highlight=False)
+        with _json_output(as_json):
+            for note in peers.notes:
+                console.print(f"releases: {note}", highlight=False)
     elif with_builds:
         console.print("[red]--with adds builds to the releases design, which this run leaves "
                       "out")
@@ -412,7 +441,7 @@ def matrix(
     title = "ggml-rpc interoperability matrix" + (f" (delivery {deliver})" if deliver else "")
     _run_and_finish(m, cells, out, title=title, workers=workers, deliver=deliver,
                     allow_skip=allow_skip, notes=notes, run_id=run_id,
-                    keep_payloads=keep_payloads, build=build)
+                    keep_payloads=keep_payloads, build=build, as_json=as_json)
 
 
 @app.command()
@@ -457,6 +486,7 @@ def cell(
     allow_skip: list[str] = typer.Option([], "--allow-skip", help=ALLOW_SKIP_HELP),
     keep_payloads: bool = typer.Option(False, "--keep-payloads", help=KEEP_PAYLOADS_HELP),
     build: bool = typer.Option(True, "--build/--no-build", help=BUILD_HELP),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ):
     """Run one cell (what a CI job fanned out from `harness list --json` runs)."""
     from .matrix.cells import expand, find_cell, release_cells
@@ -468,7 +498,8 @@ def cell(
         console.print(f"[red]no cell {cell_id!r}; see `harness list`")
         raise typer.Exit(2)
     _run_and_finish(m, [c], out, title=c.id, workers=1, deliver=deliver, allow_skip=allow_skip,
-                    run_id=c.slug, keep_payloads=keep_payloads, build=build)
+                    run_id=c.slug, keep_payloads=keep_payloads, build=build,
+                    as_json=as_json)
 
 
 @app.command()
@@ -488,6 +519,7 @@ def report(
                                           "shard, and every cell not expected, fails the "
                                           "report, by name, with exit code 3 (incomplete) "
                                           "over a failed cell's 1."),
+    as_json: bool = typer.Option(False, "--json", help=JSON_HELP),
 ):
     """Rebuild matrix.md/html, results and junit.xml from the verdict.json files under FOLDER."""
     import json
@@ -495,31 +527,35 @@ def report(
     from .report.writers import write_all
     from .shards import expected_cells, gaps
 
-    expected = None
-    if expect is not None:
-        try:
-            expected = expected_cells(json.loads(expect.read_text()))
-        except (OSError, ValueError) as e:
-            console.print(f"[red]--expect {expect}: {e}", highlight=False)
+    with _json_output(as_json):
+        expected = None
+        if expect is not None:
+            try:
+                expected = expected_cells(json.loads(expect.read_text()))
+            except (OSError, ValueError) as e:
+                console.print(f"[red]--expect {expect}: {e}", highlight=False)
+                raise typer.Exit(2)
+        rows = [json.loads(p.read_text()) for p in sorted(folder.rglob("verdict.json"))]
+        if not rows:
+            console.print(f"[red]no verdict.json under {folder}")
             raise typer.Exit(2)
-    rows = [json.loads(p.read_text()) for p in sorted(folder.rglob("verdict.json"))]
-    if not rows:
-        console.print(f"[red]no verdict.json under {folder}")
-        raise typer.Exit(2)
-    if run_id:
-        rows = [{**r, "run_id": run_id} for r in rows]
-    dest = out or folder
-    write_all(rows, dest, "ggml-rpc interoperability matrix")
-    m = _load_matrix(matrix_file) if matrix_file.is_file() else None
-    code = _finish(rows, dest, _allow_skip(allow_skip, m))
-    missing = gaps(expected, (r.get("cell_id") for r in rows)) if expected is not None else None
-    if missing:
-        # a shard that never uploaded is not fewer cells: the report is incomplete
-        console.print(f"[red]the report does not hold the cells it was given to expect "
-                      f"({expect}):", highlight=False)
-        for line in missing.lines():
-            console.print(f"  {line}", highlight=False, markup=False)
-        code = INCOMPLETE  # a run to refuse, not to file, whatever its cells said
+        if run_id:
+            rows = [{**r, "run_id": run_id} for r in rows]
+        dest = out or folder
+        write_all(rows, dest, "ggml-rpc interoperability matrix")
+        m = _load_matrix(matrix_file) if matrix_file.is_file() else None
+        code = _finish(rows, dest, _allow_skip(allow_skip, m))
+        missing = gaps(expected, (r.get("cell_id") for r in rows)) \
+            if expected is not None else None
+        if missing:
+            # a shard that never uploaded is not fewer cells: the report is incomplete
+            console.print(f"[red]the report does not hold the cells it was given to expect "
+                          f"({expect}):", highlight=False)
+            for line in missing.lines():
+                console.print(f"  {line}", highlight=False, markup=False)
+            code = INCOMPLETE  # a run to refuse, not to file, whatever its cells said
+    if as_json:
+        _print_rows_json(rows, dest, code)
     raise typer.Exit(code)
 
 
@@ -742,11 +778,17 @@ def bench(
     out: Path = typer.Option(Path("reports"), "--out", help="Writes OUT/bench-<id>/bench.json "
                              "and bench.md."),
     peer: str = typer.Option("p7", "--peer", help="The real peer the figures are anchored on."),
+    as_json: bool = typer.Option(False, "--json", help="Print bench.json on standard output "
+                                 "(the table and progress go to standard error)."),
 ):
     """Performance figures next to their anchors (real C peers, raw loopback, C hash)."""
     from .bench.cli import bench_command
 
-    raise typer.Exit(bench_command(console, quick=quick, out=out, peer=peer))
+    with _json_output(as_json):
+        code, folder = bench_command(console, quick=quick, out=out, peer=peer)
+    if as_json and folder is not None:
+        print((folder / "bench.json").read_text(), end="")
+    raise typer.Exit(code)
 
 
 @app.command()
@@ -850,6 +892,8 @@ def bisect_builds(
     matrix_file: Path = _matrix_option(),
     out: Optional[Path] = typer.Option(None, "--out", help="Where bisect.json and bisect.md go "
                                        "(default reports/bisect-<time>)."),
+    as_json: bool = typer.Option(False, "--json", help="Print bisect.json on standard output "
+                                 "(the probes' progress goes to standard error)."),
 ):
     """Find the first build between GOOD and BAD whose answer to a question differs from
     GOOD's. Exit 0: found; 1: found a range (unbuildable builds in between) or results that
@@ -859,15 +903,19 @@ def bisect_builds(
     from .bisect.cli import bisect_command, make_predicate
 
     out = out or Path("reports") / f"bisect-{_time.strftime('%Y%m%d-%H%M%S')}"
-    try:
-        predicate = make_predicate(console, cell=cell, role=role, repro=repro,
-                                   differential=differential, sessions=sessions, seed=seed,
-                                   run=run, run_classes=run_classes, matrix_file=matrix_file,
-                                   out=out, timeout=timeout)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
-    raise typer.Exit(bisect_command(console, good, bad, predicate=predicate, recheck=recheck,
-                                    classes=classes, out=out))
+    with _json_output(as_json):
+        try:
+            predicate = make_predicate(console, cell=cell, role=role, repro=repro,
+                                       differential=differential, sessions=sessions, seed=seed,
+                                       run=run, run_classes=run_classes,
+                                       matrix_file=matrix_file, out=out, timeout=timeout)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        code = bisect_command(console, good, bad, predicate=predicate, recheck=recheck,
+                              classes=classes, out=out)
+    if as_json and (out / "bisect.json").is_file():
+        print((out / "bisect.json").read_text(), end="")
+    raise typer.Exit(code)
 
 
 def main() -> None:

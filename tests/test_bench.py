@@ -190,7 +190,7 @@ def test_a_figure_whose_run_failed_is_failed_and_fails_the_bench(tmp_path, monke
     assert render.rows([f.to_json()])[0][-1] == "FAILED"
     monkeypatch.setattr(measure, "run_bench", lambda cfg: (tmp_path, [f]))
     assert bench_command(Console(file=open(tmp_path / "out.txt", "w")), quick=True, out=tmp_path,
-                         peer="p7") == 1
+                         peer="p7") == (1, tmp_path)
 
 
 def test_campaign_figures_measure_the_random_phase_not_the_sweep(tmp_path, monkeypatch):

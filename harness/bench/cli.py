@@ -8,7 +8,9 @@ from rich.console import Console
 from rich.table import Table
 
 
-def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int:
+def bench_command(console: Console, *, quick: bool, out: Path, peer: str
+                  ) -> tuple[int, Path | None]:
+    """The exit code, and the folder bench.json was written to (None: nothing was)."""
     from .measure import BenchConfig, run_bench
     from .render import rows
 
@@ -21,7 +23,7 @@ def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int
         folder, figures = run_bench(cfg)
     except RuntimeError as e:
         console.print(f"[red]{e}", highlight=False)
-        return 2
+        return 2, None
     t = Table("figure", "value", "anchor", "ratio", "target", "met?")
     for r in rows([f.to_json() for f in figures]):
         t.add_row(*r)
@@ -32,4 +34,4 @@ def bench_command(console: Console, *, quick: bool, out: Path, peer: str) -> int
     failed = [f for f in figures if f.failed]
     for f in failed:
         console.print(f"[red]{f.id} failed:[/red] {f.failed}", highlight=False)
-    return 1 if failed else 0 if filed else 2  # a failed figure is the first thing to say
+    return (1 if failed else 0 if filed else 2), folder  # a failed figure is said first

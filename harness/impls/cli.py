@@ -108,8 +108,21 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
                     "", "--sanitize", help="Build with these sanitizers, e.g. address,undefined "
                     "(an entry of its own, named PIN+asan+ubsan)."),
                 rdma: bool = typer.Option(False, "--rdma", help="Build with llama.cpp's RDMA "
-                                          "transport (-DGGML_RPC_RDMA=ON), named PIN+rdma.")):
+                                          "transport (-DGGML_RPC_RDMA=ON), named PIN+rdma."),
+                as_json: bool = typer.Option(False, "--json", help="Print each build's result "
+                                             "as JSON on standard output (progress and the "
+                                             "table go to standard error).")):
     """Build pins or variants of them into the cache (a second call returns at once)."""
+    console.stderr = as_json
+    try:
+        _build_and_tell(names, all_pins, extra_target, force, jobs, base, patch, name, sanitize,
+                        rdma, as_json)
+    finally:
+        console.stderr = False
+
+
+def _build_and_tell(names, all_pins, extra_target, force, jobs, base, patch, name, sanitize,
+                    rdma, as_json) -> None:
     from .build import BuildError, RichBuildProgress, VariantUnsupported, all_pin_names, \
         build_pins, patched_pin
     from .errors import ImplError
@@ -127,6 +140,7 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
     except ImplError as e:
         raise typer.BadParameter(str(e))
     t = Table(Column("pin", no_wrap=True), "result", "proto", "seconds", "where / why")
+    rows: list[dict] = []
     failed = False
     for pin_name, out in outcomes.items():
         # --all: a pin this machine cannot run, or that has no such variant, is no error
@@ -134,14 +148,23 @@ def peers_build(names: list[str] = typer.Argument(None, help="Pin names (p3 ... 
         if unsupported or (isinstance(out, Exception) and not isinstance(out, BuildError)):
             failed = failed or not all_pins
             t.add_row(pin_name, "[yellow]unavailable[/yellow]", "-", "-", str(out))
+            rows.append({"pin": pin_name, "result": "unavailable", "why": str(out)})
         elif isinstance(out, BuildError):
             failed = True
             console.print(f"[red]{pin_name} failed:[/red]", str(out), markup=True, highlight=False)
             t.add_row(pin_name, "[red]failed[/red]", "-", "-", out.message)
+            rows.append({"pin": pin_name, "result": "failed", "why": out.message,
+                         "log": str(out.log_path) if out.log_path else None})
         else:
             t.add_row(pin_name, "cached" if out.cached else "built", out.manifest["verified_proto"],
                       f"{out.seconds:.1f}", str(out.bin_dir))
+            rows.append({"pin": pin_name, "result": "cached" if out.cached else "built",
+                         "proto": out.manifest["verified_proto"],
+                         "seconds": round(out.seconds, 1), "where": str(out.bin_dir)})
     console.print(t)
+    if as_json:
+        import json
+        print(json.dumps(rows, indent=1))
     if failed:
         raise typer.Exit(1)
 

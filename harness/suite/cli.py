@@ -24,13 +24,23 @@ def _fail(e: Exception) -> None:
 
 @suite_app.command("show")
 def suite_show(profile: Path = typer.Argument(..., help="A profile file or its folder."),
-               slowest: int = typer.Option(20, "--slowest", help="How many tests to list.")):
+               slowest: int = typer.Option(20, "--slowest", help="How many tests to list."),
+               as_json: bool = typer.Option(False, "--json", help="The same as JSON.")):
     """Wall time, seconds by area and the slowest tests of one run."""
     try:
         p = read_profile(profile)
     except ProfileError as e:
         _fail(e)
     tests = p.test_seconds()
+    if as_json:
+        import json
+        print(json.dumps({"run_id": p.run_id, "wall": p.wall, "tests": len(p.tests),
+                          "test_seconds": tests, "workers": p.workers or 1, "host": p.host,
+                          "areas": p.by_area(),
+                          "slowest": [{"id": t.id, "seconds": t.total, "setup": t.setup,
+                                       "call": t.call, "area": t.area}
+                                      for t in p.slowest(slowest)]}, indent=1))
+        return
     console.print(f"{p.run_id}: wall {p.wall:.0f} s, {len(p.tests)} tests, {tests:.0f} s of "
                   f"test time, {p.workers or 1} process(es), {p.host.get('cpu', '?')}, load "
                   f"{p.host.get('load_start')} -> {p.host.get('load_end')}", highlight=False,
