@@ -224,7 +224,8 @@ def _evidence_problems(page: str, cell_dir: Path) -> list[str]:
     problems = []
     listing = (cell_dir / "transcript.txt").read_text().splitlines()
     head = pages.esc("\n".join(listing[:min(len(listing), 40)]))
-    if cells.EXCHANGE_PRE not in page or head not in page:
+    unmarked = re.sub(r"</?mark[^>]*>", "", page)  # a failing cell's first difference, marked
+    if cells.EXCHANGE_PRE not in page or head not in unmarked:
         problems.append("the decoded exchange (transcript.txt) is not inline")
     verdict = json.loads((cell_dir / "verdict.json").read_text())
     for check in verdict["checks"]:
@@ -248,6 +249,12 @@ def test_a_cell_page_shows_the_verdict_and_the_decoded_exchange(history_site):
     facts = page[page.index("<h2>Evidence</h2>"):]
     assert "<th>expected</th><td>works</td>" in facts
     assert "client ref-9 rejected server ref-7: " in facts and "version mismatch: 7.0.0" in facts
+    # where its exchange first differs from the design's all-new cell (ref-9 with ref-9): the
+    # HELLO answer's major, marked in the decoded exchange
+    assert "<th>first difference</th>" in facts and "<code>response.major</code>" in facts
+    marked = re.findall(r"<mark[^>]*>(.*?)</mark>", facts)
+    assert "id='first-difference'" in facts and marked and all(
+        re.match(r"\s*0\s", m) for m in marked) and "S-&gt;C HELLO" in " ".join(marked), marked
     # each transcript has a decoded page beside it, not bytes
     conn0 = (site / "runs").glob(f"*/{cell_dir.relative_to(runs[2]).as_posix()}/conn0.rpct.html")
     decoded = next(conn0).read_text()

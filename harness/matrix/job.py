@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 from pathlib import Path
 
@@ -22,6 +23,18 @@ def new_run_id(prefix: str = "run") -> str:
 
 
 BASELINE = "new-client/new-server"
+
+
+def _note_first_difference(run_dir: Path, row: dict, base: dict, d) -> None:
+    """A failing cell's first exchange that differs from its design's all-new cell, kept in
+    its verdict.json: its page marks that step of the decoded exchange."""
+    div = d.divergence
+    row["first_difference"] = {
+        "against": base["cell_id"], "connection": d.connection, "exchange": div.index,
+        "command": div.cmd, "field": div.path, "here": repr(div.a), "there": repr(div.b)}
+    path = run_dir / row["folder"] / "verdict.json"
+    if path.is_file():
+        path.write_text(json.dumps(row, indent=2, default=str))
 
 
 def differential(rows: list[dict], run_dir: Path) -> list[dict]:
@@ -45,7 +58,9 @@ def differential(rows: list[dict], run_dir: Path) -> list[dict]:
                 d = diff_cells(run_dir / r["folder"], run_dir / base["folder"], context=0)
                 summary = d.summary()
             except Exception as e:  # noqa: BLE001 - a missing transcript is reported, not fatal
-                summary = f"could not compare: {e}"
+                d, summary = None, f"could not compare: {e}"
+            if r["verdict"] == "fail" and d is not None and d.divergence is not None:
+                _note_first_difference(run_dir, r, base, d)
             out.append({"design": design, "scenario": scenario, "cache": cache, "cell": pair,
                         "baseline": BASELINE, "summary": summary,
                         "a": r["folder"], "b": base["folder"]})

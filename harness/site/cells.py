@@ -24,7 +24,7 @@ from ..capture.decode import iter_lines
 from ..report.html_report import load_table, outcome_text
 from ..report.load_table import LOAD_SCENARIOS
 from .model import Site
-from .pages import build_href, esc, legend, page, slug, verdict, when
+from .pages import build_href, cell_href, esc, legend, page, slug, verdict, when
 
 MAX_INLINE_LINES = 400  # of transcript.txt on a cell page; the linked file has them all
 MAX_DECODED_LINES = 5000  # per transcript page; `harness decode FILE` prints every line
@@ -105,6 +105,15 @@ def _facts(row: dict) -> str:
              f"<tr><th>observed</th><td>{esc(outcome_text(row))}</td></tr>"]
     if row.get("verdict") != "pass" and row.get("reason"):
         lines.append(f"<tr><th>why</th><td>{esc(row['reason'])}</td></tr>")
+    first = row.get("first_difference")
+    if isinstance(first, dict):
+        lines.append(
+            "<tr><th>first difference</th><td><a href='#first-difference'>connection "
+            f"{esc(first.get('connection'))}, exchange {esc(first.get('exchange'))} "
+            f"({esc(first.get('command'))})</a>: <code>{esc(first.get('field'))}</code> is "
+            f"<code>{esc(first.get('here'))}</code> here, <code>{esc(first.get('there'))}"
+            f"</code> in <a href='{cell_href(str(first.get('against')), 1)}'>"
+            f"{esc(first.get('against'))}</a> (its design's all-new cell)</td></tr>")
     checks = [c for c in row.get("checks") or [] if isinstance(c, dict)]
     rows = "".join(f"<tr><td>{verdict('pass' if c.get('ok') else 'fail', word=False)}</td>"
                    f"<td>{esc(c.get('name'))}</td><td>{esc(c.get('evidence'))}</td></tr>"
@@ -126,7 +135,28 @@ def _load(row: dict | None, root: Path, depth: int, run_folder: str, cell_folder
     return f"<h4>Load</h4>{''.join(parts)}" if parts else ""
 
 
-def _exchange(root: Path, depth: int, run_folder: str, cell_folder: str) -> str:
+def _marked(lines: list[str], first: dict | None) -> str:
+    """The listing, escaped, with the lines of the first differing exchange marked (the
+    listing's connections start with ``# connection N``; an exchange's lines with its index)."""
+    if not isinstance(first, dict):
+        return esc("\n".join(lines))
+    conn, index = f"# connection {first.get('connection')} ", str(first.get("exchange"))
+    out, inside, marked = [], False, False
+    for line in lines:
+        if line.startswith("# connection "):
+            inside = line.startswith(conn)
+        hit = inside and line.split(None, 1)[:1] == [index]
+        if hit:
+            anchor = "" if marked else " id='first-difference'"
+            out.append(f"<mark{anchor}>{esc(line)}</mark>")
+            marked = True
+        else:
+            out.append(esc(line))
+    return "\n".join(out)
+
+
+def _exchange(root: Path, depth: int, run_folder: str, cell_folder: str,
+              first: dict | None = None) -> str:
     parts = []
     listing = root / "transcript.txt"
     if listing.is_file():
@@ -137,7 +167,7 @@ def _exchange(root: Path, depth: int, run_folder: str, cell_folder: str) -> str:
                 if total > MAX_INLINE_LINES else "")
         parts.append(f"<p>Every connection of the cell in wire order, as <code>harness decode "
                      f"wire.pcap</code> prints it (<a href='{href}'>transcript.txt</a>):</p>"
-                     f"{EXCHANGE_PRE}{esc(chr(10).join(head))}</pre>{more}")
+                     f"{EXCHANGE_PRE}{_marked(head, first)}</pre>{more}")
     decoded = sorted(p for p in root.rglob("*.rpct") if p.is_file())
     if decoded:
         rels = [p.relative_to(root) for p in decoded[:MAX_LISTED_FILES]]
@@ -173,8 +203,9 @@ def cell_evidence(site_dir: Path, run_folder: str, cell_folder: str | None, dept
         return "<p><small>not kept in the site (a passing cell; the run folder has it)</small></p>"
     row = _verdict_row(root)
     facts = _facts(row) if row else "<p><small>no readable verdict.json</small></p>"
+    first = (row or {}).get("first_difference")
     return (f"<h4>Verdict</h4>{facts}{_load(row, root, depth, run_folder, cell_folder)}"
-            f"{_exchange(root, depth, run_folder, cell_folder)}"
+            f"{_exchange(root, depth, run_folder, cell_folder, first)}"
             f"{_raw(root, files, depth, run_folder, cell_folder)}")
 
 
