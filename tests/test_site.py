@@ -639,3 +639,9 @@ def test_the_releases_grid_of_twelve_builds_fits_a_laptop_screen(tmp_path):
     opened.write_text(index.read_text().replace("<details>", "<details open>"))
     problems = browser.check_report(opened, tmp_path / "o.png", fit_width=1366)
     assert any("px wide in a 1366 px window" in p for p in problems), problems
+
+
+def test_a_run_without_counts_still_labels_its_bar():
+    """A run record with no counts drew an svg with an empty aria-label, which axe refuses."""
+    assert "aria-label='no cells'" in pages.stacked_bar({})
+    assert "aria-label='3 pass, 1 fail'" in pages.stacked_bar({"fail": 1, "pass": 3})
