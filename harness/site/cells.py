@@ -2,10 +2,10 @@
 
 A cell page shows its verdict over runs, then the evidence itself, not a list of file
 names: the verdict's facts first (expected and observed, who rejected whom with the message,
-the checks and what each rests on), then for a cell that uploaded much the load table and
-the bytes-over-time plot, then the decoded exchange (``transcript.txt``, what ``harness
-decode wire.pcap`` prints), and the raw files after. Every ``.rpct`` transcript in the site
-gets a page of its own beside it (``conn0.rpct.html``) with ``harness decode``'s listing,
+the checks and what each rests on), then the decoded exchange (``transcript.txt``, what
+``harness decode wire.pcap`` prints; a failing cell's first difference marked), then for a
+cell that uploaded much the load table and the bytes-over-time plot, and the raw files after.
+Every ``.rpct`` transcript in the site gets a page of its own beside it (``conn0.rpct.html``) with ``harness decode``'s listing,
 where a browser would show bytes.
 """
 
@@ -204,8 +204,9 @@ def cell_evidence(site_dir: Path, run_folder: str, cell_folder: str | None, dept
     row = _verdict_row(root)
     facts = _facts(row) if row else "<p><small>no readable verdict.json</small></p>"
     first = (row or {}).get("first_difference")
-    return (f"<h4>Verdict</h4>{facts}{_load(row, root, depth, run_folder, cell_folder)}"
-            f"{_exchange(root, depth, run_folder, cell_folder, first)}"
+    # the facts, then what went over the wire, then (upload cells) its timing, then the files
+    return (f"<h4>Verdict</h4>{facts}{_exchange(root, depth, run_folder, cell_folder, first)}"
+            f"{_load(row, root, depth, run_folder, cell_folder)}"
             f"{_raw(root, files, depth, run_folder, cell_folder)}")
 
 
