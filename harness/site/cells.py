@@ -5,8 +5,8 @@ names: the verdict's facts first (expected and observed, who rejected whom with 
 the checks and what each rests on), then the decoded exchange (``transcript.txt``, what
 ``harness decode wire.pcap`` prints; a failing cell's first difference marked), then for a
 cell that uploaded much the load table and the bytes-over-time plot, and the raw files after.
-Every ``.rpct`` transcript in the site gets a page of its own beside it (``conn0.rpct.html``) with ``harness decode``'s listing,
-where a browser would show bytes.
+Every ``.rpct`` transcript in the site gets a page of its own beside it (``conn0.rpct.html``)
+with ``harness decode``'s listing, where a browser would show bytes.
 """
 
 from __future__ import annotations
