@@ -38,25 +38,25 @@ class Adapter:
             return self._docker_unavailable()
         return self._pin_unavailable()
 
-    def buildable(self) -> bool:
-        """Can `harness peers build` make it (a pin the registry resolves)?"""
+    def _registry_peer(self):
+        """The registry's peer for this adapter's pin, or None (a reference, no such pin)."""
         if self.kind == "ref" or not self.pin:
-            return False
+            return None
         from .registry import PeerError, get_peer
         try:
-            return get_peer(self.pin).kind != "user"
+            return get_peer(self.pin)
         except PeerError:
-            return False
+            return None
+
+    def buildable(self) -> bool:
+        """Can `harness peers build` make it (a pin the registry resolves)?"""
+        peer = self._registry_peer()
+        return peer is not None and peer.kind != "user"
 
     def build_failed(self) -> bool:
         """Is it unavailable because its build failed (a failure), not merely unbuilt?"""
-        if self.kind == "ref" or not self.pin:
-            return False
-        from .registry import PeerError, get_peer
-        try:
-            return get_peer(self.pin).build_failed
-        except PeerError:
-            return False
+        peer = self._registry_peer()
+        return peer is not None and peer.build_failed
 
     def _pin_unavailable(self) -> str | None:
         from .registry import PeerError, get_peer

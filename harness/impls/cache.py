@@ -46,18 +46,22 @@ def logs_dir() -> Path:
     return cache_root() / "logs"
 
 
+def _failed_logs(key: str) -> list[Path]:
+    """The logs failed builds of the entry ``key`` left (``logs/<key>.<step>.log``); a longer
+    key that starts with this one (``<key>+asan``) is another entry's."""
+    return [p for p in logs_dir().glob(f"{key}.*.log")
+            if re.fullmatch(r"[A-Za-z_-]+\.log", p.name[len(key) + 1:])]
+
+
 def failed_build_log(key: str) -> Path | None:
-    """The log a failed build of the entry ``key`` left (``logs/<key>.<step>.log``), newest
-    first, or None: the build has not failed, or has succeeded since."""
-    found = [p for p in logs_dir().glob(f"{key}.*.log")
-             if re.fullmatch(r"[A-Za-z_-]+\.log", p.name[len(key) + 1:])]
-    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+    """The newest log a failed build of ``key`` left, or None: the build has not failed, or
+    has succeeded since."""
+    return max(_failed_logs(key), key=lambda p: p.stat().st_mtime, default=None)
 
 
 def forget_failed_builds(key: str) -> None:
-    for p in logs_dir().glob(f"{key}.*.log"):
-        if re.fullmatch(r"[A-Za-z_-]+\.log", p.name[len(key) + 1:]):
-            p.unlink(missing_ok=True)
+    for p in _failed_logs(key):
+        p.unlink(missing_ok=True)
 
 
 def user_peers_file() -> Path:
