@@ -1,5 +1,6 @@
-"""The 8.0.0 conformance catalogue: expectations held to the recording from the real 8.0.0 build,
-the real build held to the expectations, and the reference 8.0.0 / 9.0.0 servers held to it."""
+"""The conformance catalogue on every row: expectations held to the recordings of the real
+builds (3.6.1 .. 6.0.0 and 8.0.0 here; 7.0.0's in tests/test_interop_real.py), the real builds
+held to the expectations, and every row's reference server held to them."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import json
 import pytest
 
 from harness.data import shipped
-from harness.conformance.cases import CATALOGUE_WIRE
+from harness.conformance import feature_cases
 from harness.conformance.raw import CLOSED, OPEN, RawSession
 from harness.conformance.check import cases_for, run_all, run_case
 from harness.impls.registry import PeerError, get_peer
@@ -19,24 +20,41 @@ from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import DIALECTS, get_dialect
 
-RECORDING = json.loads(shipped("vectors", "conformance-8.0.0.json").read_text())
+# What each real build did with its row's catalogue (python -m harness.conformance.record):
+# 3.6.1 .. 6.0.0 and 8.0.0; 7.0.0's is errors.json / state.json (tests/test_interop_real.py).
+RECORDINGS = {rec["recorded_from"]["dialect"]: rec for rec in (
+    json.loads(p.read_text())
+    for p in sorted(shipped("vectors").glob("conformance-[0-9]*.json")))}
+
+
+def _is_feature_case(case) -> bool:
+    return case.run.__module__ == feature_cases.__name__
 
 
 def _wrong(results):
     return [(r.case.id, r.expected, r.outcome, r.detail) for r in results if not r.ok]
 
 
-def test_expectations_are_the_recorded_outcomes():
-    recorded = RECORDING["cases"]
-    assert RECORDING["recorded_from"]["proto"] == "8.0.0"
-    ids = {c.id for c in cases_for("8.0.0")}
-    assert ids == set(recorded), "re-record: python -m harness.conformance.record --peer p8 ..."
-    for c in cases_for("8.0.0"):
-        assert c.expect_for("8.0.0") == recorded[c.id]["outcome"], c.id
+def test_every_release_row_but_7_0_0_has_a_recording():
+    releases = {d.name for d in DIALECTS.values() if d.evidence.startswith("[V]")}
+    assert releases - set(RECORDINGS) == {"7.0.0"}
+
+
+@pytest.mark.parametrize("dialect", sorted(RECORDINGS))
+def test_expectations_are_the_recorded_outcomes(dialect):
+    recording = RECORDINGS[dialect]
+    recorded, peer = recording["cases"], recording["recorded_from"]["peer"]
+    assert recording["recorded_from"]["proto"] == dialect
+    ids = {c.id for c in cases_for(dialect)}
+    assert ids == set(recorded), (
+        f"re-record: python -m harness.conformance.record --peer {peer} --dialect {dialect}")
+    wrong = [(c.id, c.expect_for(dialect), recorded[c.id]["outcome"])
+             for c in cases_for(dialect) if c.expect_for(dialect) != recorded[c.id]["outcome"]]
+    assert not wrong
 
 
 def test_the_catalogue_covers_every_8_0_0_command():
-    commands = {c.command for c in cases_for("8.0.0") if c.needs is not CATALOGUE_WIRE}
+    commands = {c.command for c in cases_for("8.0.0") if _is_feature_case(c)}
     for name in ("SET_TENSOR_2D", "GET_TENSOR_2D", "GRAPH_RECOMPUTE", "GRAPH_COMPUTE",
                  "COMM_FREE", "COMM_ALLREDUCE", "SET_TENSOR_HASH"):
         assert name in commands
@@ -48,7 +66,7 @@ def test_7_0_0_cases_keep_their_7_0_0_expectations():
     assert hash_null.expect_for("7.0.0+flags") == OPEN
     assert hash_null.expect_for("8.0.0") == CLOSED
     assert hash_null.expect_for("9.0.0") == CLOSED
-    assert not any(c.needs is not CATALOGUE_WIRE for c in cases_for("7.0.0"))
+    assert not any(_is_feature_case(c) for c in cases_for("7.0.0"))
 
 
 def _trial_row():
@@ -105,8 +123,7 @@ def _catalogue_on_the_reference(dialect: str) -> tuple[int, list]:
 def test_every_row_meets_the_catalogue_on_its_reference_server(dialect):
     ran, wrong = _catalogue_on_the_reference(dialect)
     assert not wrong
-    # a row gets no case only for its wire: the catalogue was recorded on 7.0.0's
-    assert ran > 0 or not CATALOGUE_WIRE.holds(get_dialect(dialect)), dialect
+    assert ran > 0, dialect  # every case speaks the row's own wire
 
 
 def test_a_reference_server_off_its_row_fails_the_catalogue(monkeypatch):
@@ -136,13 +153,15 @@ def test_a_wrong_expectation_is_reported():
 
 
 @pytest.mark.realpeer
-def test_real_8_0_0_server_still_behaves_as_recorded(tmp_path):
+@pytest.mark.parametrize("dialect", sorted(RECORDINGS))
+def test_the_real_build_still_behaves_as_recorded(tmp_path, dialect):
+    name = RECORDINGS[dialect]["recorded_from"]["peer"]
     try:
-        peer = get_peer("p8")
+        peer = get_peer(name)
     except PeerError as e:
-        pytest.fail(f"p8 is part of the test peers (make peers): {e}")
+        pytest.fail(f"{name} is part of the test peers (make peers): {e}")
     with start_peer_server(peer, workdir=tmp_path) as srv:
-        assert not _wrong(run_all("127.0.0.1", srv.port, dialect="8.0.0", observe_wait=0.3))
+        assert not _wrong(run_all("127.0.0.1", srv.port, dialect=dialect, observe_wait=0.3))
         assert srv.poll() is None
 
 
@@ -190,3 +209,21 @@ def test_a_late_close_is_a_close_and_a_short_wait_would_call_it_open():
                         close_wait=0.2).outcome == RAW_OPEN
     finally:
         listener.close()
+
+
+@pytest.mark.realpeer
+def test_before_7_0_0_a_recompute_after_free_is_a_use_after_free(tmp_path):
+    """The recorded 'open' of recompute-after-free on 3.6.1 .. 6.0.0 is the stored graph run over
+    the freed buffer: the sanitizer build of 5.0.0 says so (7.0.0 drops the graph on free)."""
+    case = next(c for c in cases_for("5.0.0") if c.id == "recompute-after-free")
+    assert case.expect_for("5.0.0") == OPEN and case.expect_for("7.0.0") == CLOSED
+    try:
+        peer = get_peer("p5+asan+ubsan")
+    except PeerError as e:
+        pytest.fail(f"p5+asan+ubsan is part of the test peers (make peers): {e}")
+    with start_peer_server(peer, workdir=tmp_path) as srv:
+        result = run_case(case, "127.0.0.1", srv.port, dialect="5.0.0", observe_wait=1.0)
+        srv.popen.wait(10)
+        log = srv.log_text()
+    assert result.outcome == CLOSED  # the sanitizer ends the process the plain build survives
+    assert "heap-use-after-free" in log and "graph_recompute" in log

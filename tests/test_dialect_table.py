@@ -17,11 +17,13 @@ from harness.reference.behaviour_view import behaviour_view_for
 from harness.reference.server_core import Close, ServerConfig, ServerSession, ServerState
 from harness.proto import dialects, messages as m
 from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS,
+                                     PRE7_PEERS,
                                      PEERS_8, PARTIAL,
                                      RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECEIVE_STREAMED,
                                      PeerBehaviour, RdmaGeneration)
 from harness.proto.dialects import DIALECTS, Dialect, get_dialect
-from harness.proto.ggml import GGML_7, GGML_361, GGML_402, NUMBERINGS, Numbering, TypeTraits
+from harness.proto.ggml import (FLAG_COMPUTE, GGML_7, GGML_361, GGML_402, NUMBERINGS, Numbering,
+                                TypeTraits)
 from harness.proto.tensor import RpcTensor
 from harness.transport.rdma_core import RdmaConfig, config_for_dialect
 
@@ -82,10 +84,10 @@ def test_a_row_cannot_leave_out_its_behaviour():
 
 # The values the peers and the RDMA emulator used before the table, for the rows of today (a
 # new row needs no entry here: the row is its own record).
-TODAYS_ROWS = {"3.6.1": (OLD_PEERS, RDMA_PROTO7, GGML_361),
-               "4.0.2": (OLD_PEERS, RDMA_PROTO7, GGML_402),
-               "5.0.0": (OLD_PEERS, RDMA_PROTO7, GGML_7),
-               "6.0.0": (OLD_PEERS, RDMA_PROTO7, GGML_7),
+TODAYS_ROWS = {"3.6.1": (PRE7_PEERS, RDMA_PROTO7, GGML_361),
+               "4.0.2": (PRE7_PEERS, RDMA_PROTO7, GGML_402),
+               "5.0.0": (PRE7_PEERS, RDMA_PROTO7, GGML_7),
+               "6.0.0": (PRE7_PEERS, RDMA_PROTO7, GGML_7),
                "7.0.0": (OLD_PEERS, RDMA_PROTO7, GGML_7),
                "7.0.1": (OLD_PEERS, RDMA_PROTO7, GGML_7),
                "7.0.0+flags": (LOAD_OPT_PEERS, RDMA_SEED000, GGML_7),
@@ -419,6 +421,26 @@ def _catalogue_expects_bounds_close(view) -> bool:
     return sorted(c.id for c in CASES if c.applies_to(row))
 
 
+def _recompute_after_free(view) -> str:
+    """What the reference server does with GRAPH_RECOMPUTE after a FREE_BUFFER of the buffer
+    its stored graph uses."""
+    session = ServerSession(ServerState(ServerConfig(dialect=view.dialect)), view)
+    session.handle(m.HelloRequest())
+    handle = session.handle(m.AllocBufferRequest(0, 256)).remote_ptr
+    base = session.handle(m.BufferGetBaseRequest(handle)).base_ptr
+    add = view.dialect.numbering.op["ADD"]
+    a = RpcTensor.make(id=0x10, buffer=handle, data=base)
+    c = RpcTensor.make(id=0x20, buffer=handle, data=base + 64, op=add, src=(0x10, 0x10),
+                       flags=FLAG_COMPUTE)
+    session.handle(m.GraphComputeRequest(0, nodes=(0x20,), tensors=(a, c)))
+    session.handle(m.FreeBufferRequest(handle))
+    try:
+        session.handle(m.GraphRecomputeRequest(0))
+    except Close:
+        return "closed"
+    return "kept"
+
+
 PROBES = {
     "client_hash": ("9.0.0", {"client_hash": "always"}, _hash_decision),
     "server_receive": ("9.0.0", {"server_receive": "whole"}, _bad_upload_closes_before_its_payload),
@@ -427,6 +449,8 @@ PROBES = {
     "server_hash_checks_tensor": ("7.0.0", {"server_hash_checks_tensor": True}, _null_hash_lookup),
     "server_tensor_bounds_close": ("8.0.0", {"server_tensor_bounds_close": False},
                                    _catalogue_expects_bounds_close),
+    "server_free_drops_graphs": ("7.0.0", {"server_free_drops_graphs": False},
+                                 _recompute_after_free),
 }
 
 

@@ -32,15 +32,20 @@ class Needs:
     holds: Callable[[Dialect], bool]
 
 
-# The recorded 7.0.0 catalogue's wire: SET_TENSOR with its cache_flag byte, HELLO with
-# conn_caps. Rows without them (before 7.0.0) were never recorded against these cases.
-CATALOGUE_WIRE = Needs("the 7.0.0 catalogue's wire", lambda d: d.cache_flag and d.hello_caps)
+# Every case speaks the row's own wire (command ids, HELLO and SET_TENSOR layouts, op
+# numbering), so a case applies to every row unless it needs something a row lacks.
+EVERY_ROW = Needs("every row", lambda d: True)
+HELLO_CAPS = Needs("HELLO carries conn_caps (>= 4.0.0)", lambda d: d.hello_caps)
+EMPTY_HELLO_ROW = Needs("the row's HELLO is empty (before 4.0.0)", lambda d: not d.hello_caps)
 # The server reads (validates) a SET_TENSOR_HASH tensor before its cache lookup.
 HASH_CHECKS_TENSOR = Needs("SET_TENSOR_HASH validates its tensor",
                            lambda d: d.peer.server_hash_checks_tensor)
 # A tensor whose data lies outside its buffer closes the connection (7.0.0 aborts instead).
 TENSOR_BOUNDS_CLOSE = Needs("a tensor outside its buffer closes",
                             lambda d: d.peer.server_tensor_bounds_close)
+# FREE_BUFFER keeps the stored graph (before 7.0.0), so a recompute runs over freed memory.
+FREE_KEEPS_GRAPHS = Needs("a freed buffer's stored graph is kept",
+                          lambda d: not d.peer.server_free_drops_graphs)
 GRAPH_UID = Needs("graphs keyed by uid", lambda d: d.graph_uid)
 
 
@@ -60,12 +65,12 @@ class ConformanceCase:
     expect: str  # CLOSED | OPEN | ANSWERED, where no ``changed`` entry holds
     run: Callable  # (new_session) -> the session to observe; may raise CaseError
     command: str  # the command the case is about (for coverage tables)
-    needs: Needs = CATALOGUE_WIRE  # the rows the case applies to
+    needs: Needs = EVERY_ROW  # the rows the case applies to
     changed: tuple[tuple[Needs, str], ...] = ()  # (needs, outcome): where it holds, the last wins
 
     def applies_to(self, dialect: Dialect | str) -> bool:
         d = get_dialect(dialect)
-        return CATALOGUE_WIRE.holds(d) and self.needs.holds(d)
+        return self.needs.holds(d)
 
     def expect_for(self, dialect: Dialect | str) -> str:
         d = get_dialect(dialect)
@@ -82,6 +87,11 @@ class ConformanceError(HarnessError):
 
 class CaseError(ConformanceError):
     """An intermediate answer differed from what the case needs (not the outcome itself)."""
+
+
+def _frame(s: RawSession, cmd: Cmd, payload: bytes = b"", **kw) -> bytes:
+    """A raw request frame of ``cmd`` under the session's row's own command id."""
+    return request_frame(s.dialect.id_of(cmd), payload, **kw)
 
 
 def _f32(handle: int, data: int, ne=(4,), *, id: int = 1, **kw) -> RpcTensor:
@@ -104,7 +114,7 @@ def _check(cond: bool, what: str) -> None:
 CASES: list[ConformanceCase] = []
 
 
-def case(id: str, vector: str, expect: str, command: str, *, needs: Needs = CATALOGUE_WIRE,
+def case(id: str, vector: str, expect: str, command: str, *, needs: Needs = EVERY_ROW,
          changed: tuple[tuple[Needs, str], ...] = ()):
     def deco(fn):
         CASES.append(ConformanceCase(id, vector, expect, fn, command, needs, changed))
@@ -116,21 +126,22 @@ def case(id: str, vector: str, expect: str, command: str, *, needs: Needs = CATA
 @case("no-hello", "first cmd DEVICE_COUNT (no HELLO)", CLOSED, "HELLO")
 def _(new):
     s = new()
-    s.send(request_frame(15))
+    s.send(_frame(s, Cmd.DEVICE_COUNT))
     return s
 
 
-@case("hello-len-0", "HELLO with size 0 (pre-v4 style)", CLOSED, "HELLO")
+@case("hello-len-0", "HELLO with size 0 (pre-v4 style)", CLOSED, "HELLO",
+      changed=((EMPTY_HELLO_ROW, ANSWERED),))
 def _(new):
     s = new()
-    s.send(request_frame(14))
+    s.send(_frame(s, Cmd.HELLO))
     return s
 
 
 @case("hello-len-28", "HELLO with size 28", CLOSED, "HELLO")
 def _(new):
     s = new()
-    s.send(request_frame(14, bytes(28)))
+    s.send(_frame(s, Cmd.HELLO, bytes(28)))
     return s
 
 
@@ -138,7 +149,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(14, bytes(24)))
+    s.request(m.HelloRequest())  # the row's own HELLO, again
     return s
 
 
@@ -156,7 +167,7 @@ for _cid in (18, 19, 255):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(1, bytes(8)))
+    s.send(_frame(s, Cmd.GET_ALIGNMENT, bytes(8)))
     return s
 
 
@@ -164,7 +175,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(15, bytes(4)))
+    s.send(_frame(s, Cmd.DEVICE_COUNT, bytes(4)))
     return s
 
 
@@ -236,7 +247,7 @@ def _(new):
     s = new()
     s.hello()
     s.alloc(256)
-    s.send(request_frame(6, bytes(312)))
+    s.send(_frame(s, Cmd.SET_TENSOR, bytes(312)))
     return s
 
 
@@ -339,7 +350,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(6, length=1 << 62))
+    s.send(_frame(s, Cmd.SET_TENSOR, length=1 << 62))
     return s
 
 
@@ -355,7 +366,8 @@ def _(new):
 
 
 # ---------------------------------------------------------------- other writes
-@case("memset-past-nbytes", "MEMSET_TENSOR past tensor nbytes", CLOSED, "MEMSET_TENSOR")
+@case("memset-past-nbytes", "MEMSET_TENSOR past tensor nbytes", CLOSED, "MEMSET_TENSOR",
+      needs=has_command(Cmd.MEMSET_TENSOR))
 def _(new):
     s = new()
     s.hello()
@@ -405,7 +417,9 @@ def _(new):
 
 
 # ---------------------------------------------------------------- graphs
-ADD, MUL_MAT = ggml.OP["ADD"], ggml.OP["MUL_MAT"]
+def _op(s: RawSession, name: str) -> int:
+    """The op's id in the session's row (the numbering moved between releases)."""
+    return s.dialect.numbering.op[name]
 
 
 @case("recompute-without-compute", "GRAPH_RECOMPUTE without prior GRAPH_COMPUTE", CLOSED,
@@ -422,7 +436,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(10, struct.pack("<II", 0, 5)))
+    s.send(_frame(s, Cmd.GRAPH_COMPUTE, struct.pack("<II", 0, 5)))
     return s
 
 
@@ -456,15 +470,15 @@ def _(new):
     s = new()
     s.hello()
     h, base = s.alloc(256)
-    t = _f32(h, base, id=0x10, op=ADD, flags=ggml.FLAG_COMPUTE, src=(0x10, 0x10))
+    t = _f32(h, base, id=0x10, op=_op(s, "ADD"), flags=ggml.FLAG_COMPUTE, src=(0x10, 0x10))
     s.request(_graph([0x10], [t]))
     _check(s.still_serving(), "server stopped answering after a self-referencing node")
     return s
 
 
-def _add_graph(h: int, base: int, *, flags: int = ggml.FLAG_COMPUTE):
+def _add_graph(s: RawSession, h: int, base: int, *, flags: int = ggml.FLAG_COMPUTE):
     a = _f32(h, base, id=0x10)
-    c = _f32(h, base + 64, id=0x20, op=ADD, flags=flags, src=(0x10, 0x10))
+    c = _f32(h, base + 64, id=0x20, op=_op(s, "ADD"), flags=flags, src=(0x10, 0x10))
     return a, c
 
 
@@ -474,19 +488,19 @@ def _(new):
     s = new()
     s.hello()
     h, base = s.alloc(256)
-    a, c = _add_graph(h, base)
+    a, c = _add_graph(s, h, base)
     s.request(_graph([0x20], [a, a.with_(data=base + 128), c]))
     _check(s.still_serving(), "server stopped answering after duplicate ids")
     return s
 
 
 @case("recompute-after-free", "GRAPH_RECOMPUTE after FREE_BUFFER (stored graph dropped)", CLOSED,
-      "GRAPH_RECOMPUTE")
+      "GRAPH_RECOMPUTE", changed=((FREE_KEEPS_GRAPHS, OPEN),))
 def _(new):
     s = new()
     s.hello()
     h, base = s.alloc(256)
-    s.request(_graph([0x20], list(_add_graph(h, base))))
+    s.request(_graph([0x20], list(_add_graph(s, h, base))))
     s.request(m.FreeBufferRequest(h))
     s.request(m.GraphRecomputeRequest(0))
     return s
@@ -498,7 +512,7 @@ def _(new):
     s = new()
     s.hello()
     h, base = s.alloc(256)
-    a, c = _add_graph(h, base, flags=0)
+    a, c = _add_graph(s, h, base, flags=0)
     s.request(m.SetTensorRequest(a, 0, 0, struct.pack("<4f", 1, 2, 3, 4)))
     s.request(m.SetTensorRequest(c, 0, 0, struct.pack("<4f", 7, 7, 7, 7)))
     s.request(_graph([0x20], [a, c]))
@@ -524,7 +538,7 @@ def _(new):
     h, base = s.alloc(1024)
     a = _f32(h, base, ne=(4, 4), id=0x10)
     b = _f32(h, base + 64, ne=(8, 2), id=0x11)
-    c = _f32(h, base + 256, ne=(4, 2), id=0x20, op=MUL_MAT, flags=ggml.FLAG_COMPUTE,
+    c = _f32(h, base + 256, ne=(4, 2), id=0x20, op=_op(s, "MUL_MAT"), flags=ggml.FLAG_COMPUTE,
              src=(0x10, 0x11))
     s.request(_graph([0x20], [a, b, c]))
     _check(s.still_serving(), "server stopped answering after MUL_MAT with bad shapes")
@@ -544,7 +558,7 @@ def _(new):
     return s
 
 
-@case("nonzero-caps", "hello_nonzero_caps_rsp", OPEN, "HELLO")
+@case("nonzero-caps", "hello_nonzero_caps_rsp", OPEN, "HELLO", needs=HELLO_CAPS)
 def _(new):
     s = new()
     r = s.call(m.HelloRequest(bytes(range(1, 25))))

@@ -17,11 +17,8 @@ from ..proto import Cmd, ggml, messages as m
 from ..proto.constants import GRAPH_CACHE_MAX
 from ..proto.wire import request_frame
 from .cases import (GRAPH_UID, HASH_CHECKS_TENSOR, TENSOR_BOUNDS_CLOSE, CaseError, _check,
-                    _f32, case, has_command, ids_end_at)
+                    _f32, _frame, _op, case, has_command, ids_end_at)
 from .raw import CLOSED, OPEN, RawSession
-
-ADD = ggml.OP["ADD"]
-
 
 def _opened(new) -> tuple[RawSession, int, int]:
     s = new()
@@ -30,9 +27,11 @@ def _opened(new) -> tuple[RawSession, int, int]:
     return s, h, base
 
 
-def _add_graph(h: int, base: int, uid: int, *, a_id: int = 0x10, c_id: int = 0x20):
+def _add_graph(s: RawSession, h: int, base: int, uid: int, *, a_id: int = 0x10,
+               c_id: int = 0x20):
     a = _f32(h, base, id=a_id)
-    c = _f32(h, base + 64, id=c_id, op=ADD, flags=ggml.FLAG_COMPUTE, src=(a_id, a_id))
+    c = _f32(h, base + 64, id=c_id, op=_op(s, "ADD"), flags=ggml.FLAG_COMPUTE,
+             src=(a_id, a_id))
     return m.GraphComputeRequest(0, uid, (c_id,), (a, c)), a, c
 
 
@@ -141,7 +140,7 @@ _bad_2d("2d-span-outside-tensor", "second copy past the tensor, inside the buffe
       "SET_TENSOR_2D", needs=has_command(Cmd.SET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
-    s.send(request_frame(18, bytes(327)))
+    s.send(_frame(s, Cmd.SET_TENSOR_2D, bytes(327)))
     return s
 
 
@@ -162,7 +161,7 @@ _bad_get_2d("get-2d-outside-buffer", "second copy past the buffer", 8, 2, 250)
       "GET_TENSOR_2D", needs=has_command(Cmd.GET_TENSOR_2D))
 def _(new):
     s, _h, _base = _opened(new)
-    s.send(request_frame(19, bytes(329)))
+    s.send(_frame(s, Cmd.GET_TENSOR_2D, bytes(329)))
     return s
 
 
@@ -180,7 +179,7 @@ def _(new):
       "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
-    graph, a, c = _add_graph(h, base, 5)
+    graph, a, c = _add_graph(s, h, base, 5)
     _set_floats(s, a, 1, 2, 3, 4)
     s.request(graph)
     _set_floats(s, a, 10, 20, 30, 40)
@@ -194,7 +193,7 @@ def _(new):
       CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
-    s.request(_add_graph(h, base, 0)[0])
+    s.request(_add_graph(s, h, base, 0)[0])
     s.request(m.GraphRecomputeRequest(0, 0))
     return s
 
@@ -203,7 +202,7 @@ def _(new):
       CLOSED, "GRAPH_RECOMPUTE", needs=GRAPH_UID)
 def _(new):
     s, h, base = _opened(new)
-    s.request(_add_graph(h, base, 5)[0])
+    s.request(_add_graph(s, h, base, 5)[0])
     s.request(m.FreeBufferRequest(h))
     s.request(m.GraphRecomputeRequest(0, 5))
     return s
@@ -214,7 +213,7 @@ def _(new):
 def _(new):
     s, h, base = _opened(new)
     other = s.call(m.AllocBufferRequest(0, 64)).remote_ptr
-    s.request(_add_graph(h, base, 5)[0])
+    s.request(_add_graph(s, h, base, 5)[0])
     s.request(m.FreeBufferRequest(other))
     s.request(m.GraphRecomputeRequest(0, 5))
     return s
@@ -226,10 +225,10 @@ def _(new):
     s = new()
     s.hello()
     h, base = s.alloc(512)
-    first, a, c = _add_graph(h, base, 5)
+    first, a, c = _add_graph(s, h, base, 5)
     _set_floats(s, a, 1, 2, 3, 4)
     s.request(first)
-    second, a2, c2 = _add_graph(h, base + 256, 5, a_id=0x30, c_id=0x40)
+    second, a2, c2 = _add_graph(s, h, base + 256, 5, a_id=0x30, c_id=0x40)
     _set_floats(s, a2, 5, 5, 5, 5)
     s.request(second)
     _set_floats(s, a2, 6, 6, 6, 6)
@@ -241,7 +240,7 @@ def _(new):
 
 def _fill_graph_cache(s: RawSession, h: int, base: int, count: int) -> None:
     for uid in range(1, count + 1):
-        s.request(_add_graph(h, base, uid)[0])
+        s.request(_add_graph(s, h, base, uid)[0])
     if not s.still_serving():
         raise CaseError(f"server stopped answering after {count} graphs")
 
@@ -278,7 +277,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(16, bytes(4)))
+    s.send(_frame(s, Cmd.GRAPH_RECOMPUTE, bytes(4)))
     return s
 
 
@@ -295,7 +294,7 @@ def _(new):
 def _(new):
     s = new()
     s.hello()
-    s.send(request_frame(10, struct.pack("<III", 0, 0, 0)))
+    s.send(_frame(s, Cmd.GRAPH_COMPUTE, struct.pack("<III", 0, 0, 0)))
     return s
 
 

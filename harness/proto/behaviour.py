@@ -60,6 +60,11 @@ class PeerBehaviour:
     # [V p8]); 7.0.0 aborts on a GGML_ASSERT in deserialize_tensor [V]. (The reference server
     # closes in every dialect: it does not reproduce the abort.)
     server_tensor_bounds_close: bool
+    # FREE_BUFFER drops the connection's stored graphs, so a GRAPH_RECOMPUTE after it closes
+    # (7.0.0 on [V]). Before 7.0.0 the stored graph is kept and a recompute runs it over the
+    # freed buffer: recorded open on p3 .. p6 (conformance-*.json), a heap-use-after-free
+    # under p5+asan+ubsan [V].
+    server_free_drops_graphs: bool
 
     def __post_init__(self):
         _one_of(self.client_hash, HASH_POLICIES, "client_hash")
@@ -89,10 +94,14 @@ class RdmaGeneration:
             raise ValueError("send_slots must be >= 1")
 
 
-# proto 7 and 8: hash every big upload, read the whole payload, one staged message
+# proto 7 (and every row before it, but for the graphs a free drops): hash every big upload,
+# read the whole payload, one staged message
 OLD_PEERS = PeerBehaviour(client_hash=HASH_ALWAYS, server_receive=RECEIVE_WHOLE,
                           server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=False,
-                          server_hash_checks_tensor=False, server_tensor_bounds_close=False)
+                          server_hash_checks_tensor=False, server_tensor_bounds_close=False,
+                          server_free_drops_graphs=True)
+# before 7.0.0: as proto 7, but a freed buffer's stored graph is kept (and recomputed)
+PRE7_PEERS = replace(OLD_PEERS, server_free_drops_graphs=False)
 # 8.0.0: as proto 7, but SET_TENSOR_HASH validates its tensor first and a tensor outside its
 # buffer closes (both recorded from p8)
 PEERS_8 = replace(OLD_PEERS, server_hash_checks_tensor=True, server_tensor_bounds_close=True)
@@ -100,7 +109,8 @@ PEERS_8 = replace(OLD_PEERS, server_hash_checks_tensor=True, server_tensor_bound
 # the header first, header and caller's buffer written separately
 LOAD_OPT_PEERS = PeerBehaviour(client_hash=HASH_IF_FLAG, server_receive=RECEIVE_STREAMED,
                                server_chunk=SERVER_STREAM_CHUNK_9, client_zero_copy=True,
-                               server_hash_checks_tensor=False, server_tensor_bounds_close=False)
+                               server_hash_checks_tensor=False, server_tensor_bounds_close=False,
+                               server_free_drops_graphs=True)
 # 9.0.0 is built on 8.0.0, so its tensor validation is 8.0.0's [INF]
 LOAD_OPT_PEERS_9 = replace(LOAD_OPT_PEERS, server_hash_checks_tensor=True,
                            server_tensor_bounds_close=True)

