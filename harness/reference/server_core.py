@@ -421,7 +421,7 @@ class ServerSession:
             raise Close(f"[graph_recompute] no stored graph for device {msg.device}"
                         + (f" uid 0x{msg.uid:x}" if self.dialect.graph_uid else ""),
                         Cmd.GRAPH_RECOMPUTE.value)
-        stale = self._freed_under(nodes)
+        stale = () if self.behaviour.server_free_drops_graphs else self._freed_under(nodes)
         if stale:
             # a row whose FREE_BUFFER keeps the stored graph: the real server computes it over
             # the freed memory and carries on; the reference carries on without computing
