@@ -62,8 +62,9 @@ class PeerBehaviour:
     server_tensor_bounds_close: bool
     # FREE_BUFFER drops the connection's stored graphs, so a GRAPH_RECOMPUTE after it closes
     # (7.0.0 on [V]). Before 7.0.0 the stored graph is kept and a recompute runs it over the
-    # freed buffer: recorded open on p3 .. p6 (conformance-*.json), a heap-use-after-free
-    # under p5+asan+ubsan [V].
+    # freed buffer: the connection stays open on p3 .. p6, a heap-use-after-free under
+    # p5+asan+ubsan [V]. (The reference server drops the graphs in every dialect: it does not
+    # reproduce the use-after-free, which the accepted-out-of-bounds oracle flags.)
     server_free_drops_graphs: bool
 
     def __post_init__(self):

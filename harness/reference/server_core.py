@@ -293,8 +293,10 @@ class ServerSession:
     def _free_buffer(self, msg):
         buf = self._buffer(msg.remote_ptr, Cmd.FREE_BUFFER)
         self.freed.add(buf.handle)
-        if self.behaviour.server_free_drops_graphs:
-            self.graphs.clear()  # stored graphs may point into the freed buffer
+        # stored graphs may point into the freed buffer: dropped in every dialect (before
+        # 7.0.0 the real server keeps them and a recompute uses freed memory; the reference
+        # does not reproduce the use-after-free, see PeerBehaviour.server_free_drops_graphs)
+        self.graphs.clear()
         del self.buffers[buf.handle]
         self.state.pool.release(buf)
 
@@ -421,29 +423,7 @@ class ServerSession:
             raise Close(f"[graph_recompute] no stored graph for device {msg.device}"
                         + (f" uid 0x{msg.uid:x}" if self.dialect.graph_uid else ""),
                         Cmd.GRAPH_RECOMPUTE.value)
-        stale = () if self.behaviour.server_free_drops_graphs else self._freed_under(nodes)
-        if stale:
-            # a row whose FREE_BUFFER keeps the stored graph: the real server computes it over
-            # the freed memory and carries on; the reference carries on without computing
-            self.state.log(f"[graph_recompute] the stored graph uses freed buffer(s) "
-                           f"{', '.join(f'0x{h:x}' for h in sorted(stale))}: the real server "
-                           "reads and writes freed memory here (heap-use-after-free)")
-            return
         self._run(nodes)
-
-    def _freed_under(self, nodes) -> set[int]:
-        """Handles of the buffers a stored graph's tensors lie in that are no longer live."""
-        stale, seen, stack = set(), set(), list(nodes)
-        while stack:
-            t = stack.pop()
-            if t is None or id(t) in seen:
-                continue
-            seen.add(id(t))
-            if t.buffer is not None and self.buffers.get(t.buffer.handle) is not t.buffer:
-                stale.add(t.buffer.handle)
-            stack.extend(t.src)
-            stack.append(t.view_src)
-        return stale
 
     def _run(self, nodes) -> None:
         try:
