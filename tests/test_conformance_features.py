@@ -229,11 +229,10 @@ def _recompute_after_free(peer_name: str, dialect: str, workdir, *,
 
 # The row field the reference does not reproduce, held to the real builds of each side.
 @pytest.mark.realpeer
-@pytest.mark.parametrize("dialect", ["3.6.1", "4.0.2", "5.0.0", "6.0.0", "7.0.0", "8.0.0"])
-def test_a_recompute_after_free_stays_open_exactly_where_the_row_keeps_the_graph(tmp_path,
+@pytest.mark.parametrize("pin, dialect", [("p3", "3.6.1"), ("p4", "4.0.2"), ("p5", "5.0.0"),
+                                          ("p6", "6.0.0"), ("p7", "7.0.0"), ("p8", "8.0.0")])
+def test_a_recompute_after_free_stays_open_exactly_where_the_row_keeps_the_graph(tmp_path, pin,
                                                                                  dialect):
-    pin = next(p for p in ("p3", "p4", "p5", "p6", "p7", "p8")
-               if get_peer(p).proto == dialect)
     outcome, _ = _recompute_after_free(pin, dialect, tmp_path)
     keeps = not get_dialect(dialect).peer.server_free_drops_graphs
     assert outcome == (OPEN if keeps else CLOSED), (pin, outcome)

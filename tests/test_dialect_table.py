@@ -17,8 +17,7 @@ from harness.reference.behaviour_view import behaviour_view_for
 from harness.reference.server_core import Close, ServerConfig, ServerSession, ServerState
 from harness.proto import dialects, messages as m
 from harness.proto.behaviour import (C_NEW, C_OLD, LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS,
-                                     PRE7_PEERS,
-                                     PEERS_8, PARTIAL,
+                                     PRE7_PEERS, PEERS_8, PARTIAL,
                                      RDMA_PROTO7, RDMA_SEED000, RDMA_V9, RECEIVE_STREAMED,
                                      PeerBehaviour, RdmaGeneration)
 from harness.proto.dialects import DIALECTS, Dialect, get_dialect

@@ -24,9 +24,7 @@ from types import MappingProxyType
 from typing import Mapping
 
 from .behaviour import (LOAD_OPT_PEERS, LOAD_OPT_PEERS_9, OLD_PEERS, PEERS_8, PRE7_PEERS,
-                        RDMA_PROTO7,
-                        RDMA_SEED000, RDMA_V9,
-                        PeerBehaviour, RdmaGeneration)
+                        RDMA_PROTO7, RDMA_SEED000, RDMA_V9, PeerBehaviour, RdmaGeneration)
 from .constants import Cmd
 from .errors import LocalProtocolError
 from .ggml import GGML_7, GGML_361, GGML_402, Numbering
