@@ -21,7 +21,8 @@ from harness.strategies import hello_request_frame
 from harness.reference.knobs import parse_knobs
 from harness.proto import get_dialect
 from harness.proto.codec import pack_request
-from harness.proto.messages import AllocBufferRequest, GetAlignmentRequest, SetTensorRequest
+from harness.proto.messages import (AllocBufferRequest, GetAlignmentRequest, GetTensorRequest,
+                                     SetTensorRequest)
 from harness.proto.tensor import RpcTensor
 
 from test_realclient_support import realpeer, require_peer_dir
@@ -380,3 +381,47 @@ def test_every_frame_written_counts_toward_what_justifies_a_cache_file():
     out = Outcome(CLOSED, at=1, frames_sent=3)
     assert oracles.case_cost(case, oracles._sent(case, out)).uploads == 1
     assert oracles.case_cost(case, min(out.at + 1, 3)).uploads == 0  # the old count
+
+
+def _upload_then_read() -> "annotate":
+    """HELLO, a buffer, a valid 256-byte SET_TENSOR into it, then a valid GET_TENSOR and a
+    GET_ALIGNMENT, both answered after the upload."""
+    from harness.fuzz import generate as gen
+    model = gen._Model()
+    steps = [step(hello_request_frame(D7), "HELLO")] + gen._alloc_steps(4096, D7, model)
+    region = model.regions[0]
+    t = RpcTensor.make(id=model.new_id(), type=0, ne=(64, 1, 1, 1)).with_(
+        buffer=region.handle, data=region.base)
+    steps += [step(pack_request(D7, SetTensorRequest(tensor=t, offset=0, data=b"\x01" * 256)),
+                   "SET_TENSOR"),
+              step(pack_request(D7, GetTensorRequest(t, 0, 256)), "GET_TENSOR"),
+              step(pack_request(D7, GetAlignmentRequest(0)), "GET_ALIGNMENT")]
+    return annotate(D7, tuple(steps))
+
+
+def test_amplification_is_named_after_and_cut_to_the_step_that_allocated(tmp_path,
+                                                                          monkeypatch):
+    """The planted SET_TENSOR hoard is kept for the connection, so the two answered requests
+    after it are in the window a death is named from; the finding names the upload and its
+    reproducer ends there (CI run 27 filed this bug a second time as GET_TENSOR)."""
+    from harness.fuzz.case_runner import CaseRunner
+    from harness.fuzz.oracles import Oracles
+    from harness.fuzz.target import Target
+    from harness.fuzz.target_spec import TargetSpec
+    case = _upload_then_read()
+    target = Target(TargetSpec.parse(PLANTED_AMPLIFICATION, None), tmp_path / "w")
+    target.start()
+    try:
+        runner = CaseRunner(target, oracles=Oracles(target, OracleLimits()))
+        for lockstep in (False, True):
+            found, out = runner.check(case, lockstep=lockstep, record=True)
+            assert found is not None and found.signature.kind == "amplification", found
+            assert found.signature.command == "SET_TENSOR", found.signature
+            assert [s.cmd for s in found.case.steps][-2:] == ["BUFFER_GET_BASE", "SET_TENSOR"]
+            assert out is found.outcome and out.log  # the cut case's own run, recorded
+        # planted: the name of a death (the window since the last answer)
+        monkeypatch.setattr(CaseRunner, "_pin_growth", lambda self, found, **kw: found)
+        found, _ = runner.check(case, lockstep=True)
+        assert found.signature.command == "GET_ALIGNMENT" and found.case is case
+    finally:
+        target.stop()

@@ -430,7 +430,8 @@ class _Worker:
         budget = Budget(self._shrink_seconds())
 
         def same(c: Case) -> bool:
-            v, _ = self.runner.check(c)
+            # the name is not compared (command=False), so not pinned on every try
+            v, _ = self.runner.check(c, pin_growth=False)
             self.stats["shrink_attempts"] += 1
             self._emit_stats()
             return v is not None and reproduces(sig, v.signature, command=False)
@@ -443,6 +444,8 @@ class _Worker:
         if final is None or not reproduces(sig, final.signature, command=False):
             minimal, final, out = case, verdict, None
             final.detail += "; the minimised case stopped reproducing (timing)"
+        elif len(final.case.steps) < len(minimal.steps):
+            minimal = final.case  # cut to the step that allocated (CaseRunner._pin_growth)
         final.seen_at = verdict.seen_at  # found when first seen, not when minimised
         self._save(final, minimal, out, minimised=True, confirmed=True, claim_id=claim_id,
                    original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import bounds, sanitizer
 from .case import Case
 from .execute import CLOSED, HANG, OK, PROTOCOL, REFUSED, Executor, Outcome
+from .oracles import AMPLIFICATION
 from .target import Target
 from .signature import Signature, normalise
 from ..proto.codec import REQUEST_HEADER_SIZE
@@ -153,10 +154,13 @@ class CaseRunner:
 
     # ---------------------------------------------------------------- isolated
     def check(self, case: Case, *, lockstep: bool = False, record: bool = False,
-              restart: bool = True, pin_from: int = 0) -> tuple[Finding | None, Outcome]:
+              restart: bool = True, pin_from: int = 0, pin_growth: bool = True
+              ) -> tuple[Finding | None, Outcome]:
         """Run ``case`` on its own and judge it; the target is left running and healthy
         (restarted if the case broke it, unless ``restart`` is False). ``pin_from``: a lockstep
-        run pins the steps from there on (a fast run showed the ones before it served)."""
+        run pins the steps from there on (a fast run showed the ones before it served).
+        ``pin_growth``: an amplification is cut to the step that allocated it
+        (:meth:`_pin_growth`; the finding's case and outcome are then that prefix's)."""
         self.ensure_running()
         before = self.oracles.before(case, isolated=True) if self.oracles is not None else None
         self.target.reset_peak_rss()
@@ -183,7 +187,30 @@ class CaseRunner:
         if verdict is not None and restart and _disabling(verdict):
             self.restart()
         self.pending = None
+        if verdict is not None and pin_growth and verdict.signature.kind == AMPLIFICATION:
+            verdict = self._pin_growth(verdict, lockstep=lockstep, record=record)
+            return verdict, verdict.outcome or out
         return verdict, out
+
+    def _pin_growth(self, found: Finding, *, lockstep: bool, record: bool) -> Finding:
+        """An amplification is memory the connection keeps, so it is named after the step
+        that allocated it: the last of the shortest prefix of the case that still grows the
+        server past the bound, found by bisection. The window since the last answer, which
+        names a death, names any answered step sent after the allocation instead (under load
+        a minimisation cut short left a valid GET_TENSOR after the amplifying SET_TENSOR, and
+        the bug was filed twice)."""
+        case = found.case
+        lo, hi, pinned = 0, len(case.steps), found  # steps[:lo] does not grow; steps[:hi] does
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            v, _ = self.check(case.with_steps(case.steps[:mid]), lockstep=lockstep,
+                              record=record, pin_growth=False)
+            if v is not None and v.signature.kind == AMPLIFICATION:
+                hi, pinned = mid, v
+            else:
+                lo = mid
+        sig = replace(found.signature, command=case.steps[hi - 1].cmd)
+        return Finding(sig, pinned.case, pinned.detail, pinned.outcome, seen_at=found.seen_at)
 
     def _judge_now(self, case: Case, out: Outcome, *, lockstep: bool = False) -> Finding | None:
         """What can be said from this connection alone (no waiting unless it looks bad)."""
