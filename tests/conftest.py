@@ -161,3 +161,16 @@ def emulated_reference_cells(tmp_path_factory):
     out = tmp_path_factory.mktemp("emu-reference")
     cells = expand(m, designs=["bump-ref", "no-bump-ref"], transports=["rdma-emu"])
     return out, run_cells(m, cells, out, run_id="emu", workers=3)
+
+
+# Campaigns several tests examine run once; each test asserts its own facts about it.
+@pytest.fixture(scope="session")
+def honest_reference_campaign(tmp_path_factory):
+    from shared_campaigns import honest_reference
+    return honest_reference(tmp_path_factory.mktemp("honest-ref"))
+
+
+@pytest.fixture(scope="session")
+def real_7_campaign(tmp_path_factory):
+    from shared_campaigns import real_7
+    return real_7(tmp_path_factory.mktemp("real-7"))

@@ -25,6 +25,7 @@ from harness.proto.messages import (AllocBufferRequest, GetAlignmentRequest, Get
                                      SetTensorRequest)
 from harness.proto.tensor import RpcTensor
 
+from shared_campaigns import HONEST_REF_ORACLES
 from test_realclient_support import realpeer, require_peer_dir
 
 slow = pytest.mark.slow
@@ -181,10 +182,10 @@ def test_spin_is_found_once_in_its_command(tmp_path):
 
 
 @slow
-def test_honest_reference_server_gives_no_oracle_finding(tmp_path):
+def test_honest_reference_server_gives_no_oracle_finding(honest_reference_campaign):
     # Every oracle on, the cache too, floors low enough that the planted bugs are found.
-    _, report = _campaign(tmp_path, "ref", {"cache": True, "amplification_floor": 16 << 20},
-                          duration=20)
+    _, report = honest_reference_campaign
+    assert report["oracles"]["limits"] == {**OracleLimits().to_json(), **HONEST_REF_ORACLES}
     _assert_it_fuzzed(report)
     assert report["nothing_found"], [f["title"] for f in report["findings"]]
     # Serial by design: one note, no findings (the freeze oracle does not apply).
@@ -214,9 +215,9 @@ def test_a_campaign_that_sent_nothing_is_no_evidence_of_honesty():
 
 @slow
 @realpeer
-def test_real_7_gives_no_oracle_finding(tmp_path):
-    require_peer_dir()
-    out, report = _campaign(tmp_path, "p7", {"cache": True}, duration=30)
+def test_real_7_gives_no_oracle_finding(real_7_campaign):
+    out, report = real_7_campaign
+    assert report["oracles"]["limits"]["cache"]
     new = [f for f in report["findings"] if f["signature"]["kind"] in KINDS]
     # The one true positive p7 has: it allocates (and zero-fills) the length a frame
     # announces before receiving it, so a header announcing GBs makes it grow by GBs. Such a
