@@ -105,12 +105,56 @@ def write_seed_corpus(folder: Path, dialect: str, *, valid: int = 150, mutated: 
     inputs = {case_to_input(c) for c in draw_cases(dialect, valid, seed=seed, mutation_odds=0)}
     inputs |= {case_to_input(c) for c in draw_cases(dialect, mutated, seed=seed + 1)}
     if sweep_max_len:
-        from ..sweep import sweep
-        inputs |= {data for data in (case_to_input(c.case) for c in sweep(dialect))
-                   if len(data) <= sweep_max_len}
+        inputs.update(sweep_inputs(dialect, sweep_max_len))
     for data in inputs:
         write_input(folder, data)
     return len(inputs)
+
+
+def sweep_inputs(dialect: str, max_len: int) -> list[bytes]:
+    """Every case of the deterministic sweep whose input is at most ``max_len`` bytes, built
+    once per version of the code it depends on (harness/fuzz/memo.py): building the sweep's
+    29,478 cases of 7.0.0 (and its 60 MB graphs, only to drop them) took 17 of the 24 s a
+    campaign spent before its fuzzer started."""
+    from .. import memo
+
+    def build() -> list[bytes]:
+        from ..sweep import sweep
+        return sorted({data for data in (case_to_input(c.case) for c in sweep(dialect))
+                       if len(data) <= max_len})
+    value = memo.cached("seed-inputs", f"{get_dialect(dialect).name}-{max_len}",
+                        memo.closure_digest(__name__), build)
+    return value if isinstance(value, list) else build()
+
+
+def sweep_seed_dir(dialect: str, max_len: int) -> Path | None:
+    """:func:`sweep_inputs` as a corpus folder in the user cache, written once per version of
+    the code, for libFuzzer to read as one more seed folder: writing its 28,775 files took 12
+    s of every campaign. None when the cache cannot be written (the caller writes them)."""
+    import os
+    import shutil
+    import tempfile
+    from ...impls.cache import cache_root
+    from .. import memo
+    kind = f"seed-dir-{get_dialect(dialect).name}-{max_len}"
+    final = cache_root() / "sweep" / f"{kind}-{memo.closure_digest(__name__)}"
+    if final.is_dir():
+        return final
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        for data in sweep_inputs(dialect, max_len):
+            write_input(tmp, data)
+        try:
+            os.rename(tmp, final)  # atomic: a reader never sees half a folder
+        except OSError:  # another process renamed its own first
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in final.parent.glob(f"{kind}-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)  # written by an older harness
+    except OSError:
+        return None
+    return final if final.is_dir() else None
 
 
 def import_live_corpus(src: Path, folder: Path) -> int:

@@ -74,9 +74,14 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     cfg = LibFuzzerConfig(**{**asdict(cfg), "seed": seed, "out": out})
     progress = Progress()
     started = time.monotonic()
+    swept = lfc.sweep_seed_dir(dialect, cfg.max_len) if cfg.seeds_sweep else None
     n_seeds = lfc.write_seed_corpus(seeds, dialect, valid=cfg.seeds_valid,
                                     mutated=cfg.seeds_mutated, seed=seed,
-                                    sweep_max_len=cfg.max_len if cfg.seeds_sweep else None)
+                                    sweep_max_len=cfg.max_len if cfg.seeds_sweep and not swept
+                                    else None)
+    seed_dirs = [seeds] + ([swept] if swept else [])
+    if swept:
+        n_seeds += sum(1 for _ in swept.iterdir())
     imported = 0
     if cfg.corpus is not None and Path(cfg.corpus).is_dir():
         imported = lfc.import_live_corpus(Path(cfg.corpus), seeds)
@@ -101,7 +106,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     fuzz_started = time.monotonic()
     cpu_before = children_cpu()
     rc = run_fuzzer(build.binary, libfuzzer_args(cfg, seed, dictionary, artifacts, remaining)
-                     + [str(dirs["inputs"]), str(seeds)], fuzz_env, work / "libfuzzer.log",
+                     + [str(dirs["inputs"])] + [str(d) for d in seed_dirs], fuzz_env, work / "libfuzzer.log",
                      timeline,
                      time.monotonic() + remaining + FINALISE_GRACE, on_line)
     fuzz_seconds = time.monotonic() - fuzz_started
@@ -127,7 +132,7 @@ def run_libfuzzer_campaign(cfg: LibFuzzerConfig, *, on_progress: Callable | None
     if cfg.coverage:
         from ..coverage import corpus_coverage
         try:
-            server_coverage = corpus_coverage(spec.name, [dirs["inputs"], seeds],
+            server_coverage = corpus_coverage(spec.name, [dirs["inputs"], *seed_dirs],
                                               out / "coverage")
         except (BuildError, OSError, subprocess.SubprocessError) as e:
             server_coverage = {"error": str(e)}
