@@ -204,6 +204,25 @@ def test_the_in_process_engine_is_seeded_with_the_sweep(tmp_path):
     assert n == len(files) > sw.size("7.0.0") // 2
 
 
+def test_the_sweeps_seed_folder_is_written_once_and_replaces_an_older_one(tmp_path,
+                                                                          monkeypatch):
+    """libFuzzer reads the sweep's inputs from one folder in the cache: named as libFuzzer
+    names corpus files, written once per version of the code (no half folder left), an older
+    version's removed."""
+    from harness.fuzz.libfuzzer import corpus as lfc
+    from harness.impls.cache import CACHE_ENV
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(lfc, "sweep_inputs", lambda dialect, n: [b"a", b"bb"])
+    old = tmp_path / "sweep" / "seed-dir-7.0.0-64-0123456789abcdef"
+    old.mkdir(parents=True)
+    made = lfc.sweep_seed_dir("7.0.0", 64)
+    assert {p.name: p.read_bytes() for p in made.iterdir()} == \
+        {lfc.input_name(x): x for x in (b"a", b"bb")}
+    assert not old.exists() and [p.name for p in made.parent.iterdir()] == [made.name]
+    monkeypatch.setattr(lfc, "sweep_inputs", lambda dialect, n: pytest.fail("written again"))
+    assert lfc.sweep_seed_dir("7.0.0", 64) == made
+
+
 def test_the_cached_walk_is_the_walk_and_a_damaged_cache_is_drawn_again(tmp_path, monkeypatch):
     from harness.impls.cache import CACHE_ENV
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
