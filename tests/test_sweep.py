@@ -115,11 +115,22 @@ def test_the_walk_draws_every_operator_and_command_the_same_way_twice():
     assert _digest(first) == _digest(sw.catalogue_walk("7.0.0", local_only=False))
 
 
-def test_size_bounds_the_sweep_and_shards_partition_it():
+def test_size_bounds_the_sweep_and_shards_partition_it(monkeypatch):
     whole = _digest(sw.sweep("7.0.0"))
     assert len(whole) <= sw.size("7.0.0")
     assert sum(sw.size("7.0.0", shard=(i, 3)) for i in (1, 2, 3)) == sw.size("7.0.0")
+    # a shard builds only its own graphs (a worker built all 60 MB scale graphs of the others)
+    from harness.fuzz import scale
+    built, plan = [], scale.plan
+
+    def counted(d, r):
+        return [(label, n, lambda b=b, label=label: built.append(label) or b())
+                for label, n, b in plan(d, r)]
+    monkeypatch.setattr(scale, "plan", counted)
     assert _digest(sw.sweep("7.0.0", shard=(2, 3))) == whole[1::3]
+    scaled = [label for label, _ in whole if label.startswith("scale_class:")]
+    assert [f"scale_class:GRAPH_COMPUTE {b}" for b in built] == \
+        [label for label, _ in whole[1::3] if label in scaled] and len(built) < len(scaled)
 
 
 def test_a_sweep_stopped_by_its_share_is_a_problem_and_an_exhausted_one_is_complete(tmp_path,

@@ -119,12 +119,17 @@ def plan(d: Dialect, r: BufferRegion) -> list[tuple[str, int, Callable[[], bytes
     return out
 
 
-def cases(d: Dialect, head: list, region: BufferRegion, probe) -> Iterator[tuple[str, Case]]:
+def cases(d: Dialect, head: list, region: BufferRegion, probe,
+          keep: Callable[[int], bool] | None = None) -> Iterator[tuple[str, Case] | None]:
     """The scale sessions after the sweep's set-up (``head``, whose first buffer is
-    ``region``), each built when reached. Annotated without decoding the graph (no answer is
-    due for it; decoding 200,000 records to learn that costs seconds)."""
+    ``region``), each built when reached (``keep(j)`` False: None, not built). Annotated
+    without decoding the graph (no answer is due for it; decoding 200,000 records to learn
+    that costs seconds)."""
     plain_head = annotate(d, tuple(head))  # the set-up's expected answers
-    for label, _, build in plan(d, region):
+    for j, (label, _, build) in enumerate(plan(d, region)):
+        if keep is not None and not keep(j):
+            yield None
+            continue
         desc = {"kind": "field", "what": "scale_class", "cmd": Cmd.GRAPH_COMPUTE.value,
                 "cmd_id": d.id_of(Cmd.GRAPH_COMPUTE), "field": "tensors", "dialect": d.name,
                 "direction": "request", "at": "after_setup", "case": label}

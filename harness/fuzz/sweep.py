@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import itertools
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, replace
 from functools import lru_cache, partial
 
@@ -315,17 +315,22 @@ def _all_boundary_requests(d: Dialect, regions) -> Iterator[tuple[str, Cmd, dict
                        replace(msg, cache_flag=flag))
 
 
-def boundary_sweep(dialect: str) -> Iterator[SweepCase]:
+def boundary_sweep(dialect: str, keep: Callable[[int], bool] | None = None
+                   ) -> Iterator[SweepCase | None]:
     """The boundary part in order: its small cases from the cache (framing and annotating
     them cost seconds in every process that sweeps), its graph cases built as they come (the
-    2^16-tensor ones are megabytes each)."""
+    2^16-tensor ones are megabytes each). ``keep(j)`` False: None in the j-th case's place,
+    nothing built (another worker's shard)."""
     d = get_dialect(dialect)
     head, regions = _setup(d)
     planned = _cached("boundary", d.name, partial(_build_boundary, dialect))
     if not isinstance(planned, list):
         planned = _build_boundary(dialect)
     lazy = None
-    for item in planned:
+    for j, item in enumerate(planned):
+        if keep is not None and not keep(j):
+            yield None
+            continue
         if isinstance(item, SweepCase):
             yield item
             continue
@@ -408,11 +413,14 @@ def stateful_cases(dialect: str) -> list[SweepCase]:
     return value if isinstance(value, list) else _build_stateful(dialect)
 
 
-def scale_sweep(dialect: str) -> Iterator[SweepCase]:
+def scale_sweep(dialect: str, keep: Callable[[int], bool] | None = None
+                ) -> Iterator[SweepCase | None]:
+    """The scale part (graphs of up to 60 MB, each built when reached); ``keep`` as for
+    :func:`boundary_sweep`."""
     d = get_dialect(dialect)
     head, regions = _setup(d)
-    for label, case in scale.cases(d, head, regions[0], _probe(d)):
-        yield SweepCase("scale", f"scale_class:GRAPH_COMPUTE {label}", case)
+    for j, built in enumerate(scale.cases(d, head, regions[0], _probe(d), keep)):
+        yield built and SweepCase("scale", f"scale_class:GRAPH_COMPUTE {built[0]}", built[1])
 
 
 # ---------------------------------------------------------------- the whole sweep
@@ -464,10 +472,10 @@ def parts(dialect: str, *, draws: int = DRAWS, local_only: bool = True
     building their graphs."""
     p = prepare(dialect, draws=draws, local_only=local_only)
     return [("catalogue", p.walk, len(p.walk)),
-            ("boundary", boundary_sweep(dialect), p.boundary_count),
+            ("boundary", partial(boundary_sweep, dialect), p.boundary_count),
             ("combinatorial", p.combinatorial.cases, len(p.combinatorial.cases)),
             ("stateful", p.stateful, len(p.stateful)),
-            ("scale", scale_sweep(dialect), p.scale_count)]
+            ("scale", partial(scale_sweep, dialect), p.scale_count)]
 
 
 def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
@@ -483,6 +491,8 @@ def sweep(dialect: str, *, draws: int = DRAWS, local_only: bool = True,
         if part not in wanted:
             k += count
             continue
+        if callable(cases):  # a lazy part builds only this shard's cases
+            cases = cases(lambda j, start=k: (start + j) % n == i - 1)
         for c in cases:
             if k % n == i - 1:
                 yield c
