@@ -58,6 +58,8 @@
 #define SV_MAX_CQE 65536
 #define SV_MAX_INLINE 256
 #define SV_MAX_MSG (1u << 31)
+#define SV_SPIN_POLLS 256 /* empty polls in a row before a poller naps */
+#define SV_POLL_NAP_NS 20000
 #define SV_SOCK_PREFIX "softverbs/qp/"
 #define SV_STATE_NAMES {"RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"}
 
@@ -166,6 +168,7 @@ struct sv_cq {
     int armed;
     int overrun;
     unsigned events_reported;
+    unsigned empty_polls; /* in a row: a poller spinning on this CQ */
 };
 
 struct sv_wr {
@@ -644,7 +647,18 @@ static int sv_poll_cq(struct ibv_cq *c, int num, struct ibv_wc *wc) {
         cq->head = (cq->head + 1) % cq->cap;
         cq->count--;
     }
+    /* A poller spinning on an empty CQ waits a little between polls. Peers spin on poll_cq
+     * while a connection is busy (llama.cpp: 100 ms after each completion); on an HCA the
+     * data moves meanwhile without the CPU, here this device's own threads move it, and two
+     * spinning peers took both cores of a 2-core machine from them and from everything else.
+     * A completion is seen at most SV_POLL_NAP later, an HCA's order of latency. */
+    cq->empty_polls = n ? 0 : cq->empty_polls + 1;
+    int nap = cq->empty_polls > SV_SPIN_POLLS;
     pthread_mutex_unlock(&cq->lock);
+    if (nap) {
+        struct timespec ts = {0, SV_POLL_NAP_NS};
+        nanosleep(&ts, NULL);
+    }
     return n;
 }
 
