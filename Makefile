@@ -78,7 +78,12 @@ SUITE_ARGS = $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --suite-sch
 # modules are byte-compiled once here, so none of them compiles the sources again when the
 # environment has PYTHONDONTWRITEBYTECODE set (this machine's does: an rdma-soft design's
 # cells spent 12 % of their CPU compiling). Stale files are ignored by Python, never used.
-BYTECODE = $(BIN)/python -m compileall -q -j 0 harness scenarios tests
+# pytest's assertion rewriting of the tests and of the harness (the package of its plugins) is
+# cached the same way, by one collection allowed to write it: without it every pytest process
+# (each worker, each nested run) rewrote them again, 4 CPU-s for a worker's collection.
+BYTECODE = $(BIN)/python -m compileall -q -j 0 harness scenarios tests && \
+	PYTHONDONTWRITEBYTECODE= $(BIN)/python -m pytest --collect-only -qq -p no:cacheprovider \
+	tests > /dev/null
 
 test: peers
 	$(BYTECODE)
