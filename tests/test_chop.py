@@ -14,6 +14,8 @@ from harness.reference.client import RefClient
 from harness.reference.server import ReferenceServer
 from harness.reference.server_core import ServerConfig
 from harness.proto import RpcTensor, get_dialect, ggml
+from harness.proto import messages as m
+from harness.proto.codec import pack_request
 from harness.proto.constants import HASH_THRESHOLD
 from harness.proto.wire import FrameHead, FrameWalker
 from harness.transport.chop import Delivery, FaultProxy, _boundaries
@@ -93,6 +95,26 @@ def test_rewriting_the_flags_byte_makes_a_new_client_hash(tmp_path):
             stats = _session(fp.port, "9.0.0", big)
         assert stats.hash_requests == 1  # the client trusted the forged cache bit
         assert any("byte 11 rewritten to 0x01" in line for line in fp.log)
+    finally:
+        srv.stop()
+
+
+def test_stopping_the_proxy_ends_its_threads_while_the_connection_is_still_open():
+    """A direction thread blocks in recv (up to the proxy's 60 s idle): stop() must wake it.
+    Planted (a close without the shutdown, as before): every session through a FaultProxy
+    took two 5 s joins to stop, and the threads were left behind."""
+    import socket
+    srv = _server()
+    try:
+        fp = FaultProxy(("127.0.0.1", srv.port), c2s=Delivery.parse("chop")).start()
+        client = socket.create_connection(("127.0.0.1", fp.port), timeout=5)
+        try:
+            client.sendall(pack_request(get_dialect("7.0.0"), m.HelloRequest()))
+            assert len(client.recv(64)) > 0  # both directions are running
+            fp.stop(timeout=2.0)
+            assert fp._threads and not [t.name for t in fp._threads if t.is_alive()]
+        finally:
+            client.close()
     finally:
         srv.stop()
 

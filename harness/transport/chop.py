@@ -236,6 +236,12 @@ class FaultProxy:
         self._stop.set()
         for s in [self._lsock] + self._socks:
             try:
+                # a close alone does not wake a recv blocked in another thread: the stop
+                # waited out each direction's join (two joins of 5 s after every session)
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            try:
                 s.close()
             except OSError:
                 pass
