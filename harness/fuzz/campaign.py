@@ -444,8 +444,8 @@ class _Worker:
         if final is None or not reproduces(sig, final.signature, command=False):
             minimal, final, out = case, verdict, None
             final.detail += "; the minimised case stopped reproducing (timing)"
-        elif len(final.case.steps) < len(minimal.steps):
-            minimal = final.case  # cut to the step that allocated (CaseRunner._pin_growth)
+        else:
+            minimal = final.case  # an amplification's is cut to the step that allocated it
         final.seen_at = verdict.seen_at  # found when first seen, not when minimised
         self._save(final, minimal, out, minimised=True, confirmed=True, claim_id=claim_id,
                    original=original, shrunk=len(case.steps), seconds=time.monotonic() - t0,

@@ -58,6 +58,32 @@ def cached(kind: str, key: str, version: str, build: Callable[[], T]) -> T:
     return value
 
 
+def cached_dir(kind: str, key: str, version: str, fill: Callable[[Path], None]) -> Path | None:
+    """A folder ``fill(folder)`` wrote for ``key``, kept as ``<kind>-<key>-<version>/`` and
+    renamed into place whole (a reader never sees half of it); folders of the same kind and
+    key with another version are removed when a new one is written. None when the cache
+    cannot be written."""
+    import shutil
+    from ..impls.cache import cache_root
+    final = cache_root() / "sweep" / f"{kind}-{key}-{version}"
+    if final.is_dir():
+        return final
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+        fill(tmp)
+        try:
+            os.rename(tmp, final)
+        except OSError:  # another process renamed its own first
+            shutil.rmtree(tmp, ignore_errors=True)
+        for old in final.parent.glob(f"{kind}-{key}-*"):
+            if old != final:
+                shutil.rmtree(old, ignore_errors=True)  # built by an older harness
+    except OSError:
+        return None
+    return final if final.is_dir() else None
+
+
 @lru_cache(maxsize=None)
 def source_digest(*modules: str) -> str:
     """Of the named modules of the harness (file paths under ``harness/``): a value built by

@@ -419,7 +419,7 @@ def scale_sweep(dialect: str, keep: Callable[[int], bool] | None = None
     :func:`boundary_sweep`."""
     d = get_dialect(dialect)
     head, regions = _setup(d)
-    for j, built in enumerate(scale.cases(d, head, regions[0], _probe(d), keep)):
+    for built in scale.cases(d, head, regions[0], _probe(d), keep):
         yield built and SweepCase("scale", f"scale_class:GRAPH_COMPUTE {built[0]}", built[1])
 
 

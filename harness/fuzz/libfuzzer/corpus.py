@@ -131,30 +131,13 @@ def sweep_seed_dir(dialect: str, max_len: int) -> Path | None:
     """:func:`sweep_inputs` as a corpus folder in the user cache, written once per version of
     the code, for libFuzzer to read as one more seed folder: writing its 28,775 files took 12
     s of every campaign. None when the cache cannot be written (the caller writes them)."""
-    import os
-    import shutil
-    import tempfile
-    from ...impls.cache import cache_root
     from .. import memo
-    kind = f"seed-dir-{get_dialect(dialect).name}-{max_len}"
-    final = cache_root() / "sweep" / f"{kind}-{memo.closure_digest(__name__)}"
-    if final.is_dir():
-        return final
-    try:
-        final.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
+
+    def fill(folder: Path) -> None:
         for data in sweep_inputs(dialect, max_len):
-            write_input(tmp, data)
-        try:
-            os.rename(tmp, final)  # atomic: a reader never sees half a folder
-        except OSError:  # another process renamed its own first
-            shutil.rmtree(tmp, ignore_errors=True)
-        for old in final.parent.glob(f"{kind}-*"):
-            if old != final:
-                shutil.rmtree(old, ignore_errors=True)  # written by an older harness
-    except OSError:
-        return None
-    return final if final.is_dir() else None
+            write_input(folder, data)
+    return memo.cached_dir("seed-dir", f"{get_dialect(dialect).name}-{max_len}",
+                           memo.closure_digest(__name__), fill)
 
 
 def import_live_corpus(src: Path, folder: Path) -> int:
